@@ -1,0 +1,55 @@
+"""Decoding settings: one frozen value passed from the CLI (or a test) to the engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+Mode = Literal["spec", "edge", "cloud"]
+Verify = Literal["entropy", "always"]
+Uncertainty = Literal["sum", "max", "mean"]
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    mode: Mode = "spec"
+    k: int = 4                      # draft block length
+    threshold: float = 5.5          # escalate when block uncertainty (nats) exceeds this; inf = never
+    uncertainty: Uncertainty = "sum"
+    verify: Verify = "entropy"      # "always": every block verified (lossless)
+    constraints: bool = True        # False: plain decoding, no processors (comparable with plain HF generate)
+    max_new_tokens: int = 64
+    sample: bool = False
+    temperature: float = 1.0
+    seed: int = 0
+    # Constraint knobs (seeds 003/004).
+    repetition_penalty: float = 1.2
+    no_repeat_ngram: int = 2
+    comma_min_chars: int = 4        # comma-like marks only after this many CJK chars since the last mark
+    stop_min_chars: int = 8         # full stop discouraged before the answer holds this many CJK chars
+    stop_bias: float = 8.0          # how much it is discouraged (subtracted from its logit)
+    min_new_tokens: int = 16        # a sentence end stops generation only after this many new tokens
+    loop_ngram: int = 3             # a repeated n-gram (tokens) in the answer forces a cloud check
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be at least 1, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if math.isnan(self.threshold) or self.threshold < 0:
+            raise ValueError(f"threshold must be a non-negative number or inf, got {self.threshold}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if self.mode not in ("spec", "edge", "cloud"):
+            raise ValueError(f"mode must be spec, edge or cloud, got {self.mode!r}")
+        if self.verify not in ("entropy", "always"):
+            raise ValueError(f"verify must be entropy or always, got {self.verify!r}")
+        if self.uncertainty not in ("sum", "max", "mean"):
+            raise ValueError(f"uncertainty must be sum, max or mean, got {self.uncertainty!r}")
+
+    def with_(self, **changes) -> DecodingConfig:
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

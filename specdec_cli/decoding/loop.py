@@ -1,0 +1,191 @@
+"""The speculative loop: one clip from prefill to the last token.
+
+    1. prefill edge and cloud on the same multimodal prompt (the cloud hears the clip too)
+    2. the edge drafts up to k tokens (catching up first on tokens it has not consumed)
+    3. gate: escalate if the block's uncertainty exceeds the threshold, if a loop shows, or always
+    4. the cloud scores [its unseen tokens + the draft] in one forward; an acceptance rule decides
+    5. both caches are cut back to the accepted prefix
+    6. accepted tokens (+ the recovered / bonus token) join the sequence, stop rules checked per token
+    7. one BlockEvent per block goes to the caller
+
+The loop owns only the accepted sequence and the counters. Each model's tokens and cache live in
+its ModelState; the processors and stop rules are the same objects the baselines use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from .acceptance import Verdict, greedy_verdict, rejection_verdict
+from .config import DecodingConfig
+from .drafter import Proposal, propose
+from .processors import DecodingRules, VocabMasks
+from .state import ModelState
+from .verifier import score_draft
+
+
+@dataclass
+class BlockEvent:
+    index: int
+    draft: list[int]                   # token ids the edge proposed
+    entropies: list[float]             # nats, per draft token
+    uncertainty: float                 # sum / max / mean of entropies
+    escalated: bool
+    reason: str                        # "entropy" | "loop" | "always" | "" (not escalated)
+    accepted: int                      # draft tokens kept
+    correction: int | None = None      # the cloud's recovered or bonus token
+    correction_kind: str | None = None  # "recovered" | "bonus"
+    cloud_tokens: int = 0              # tokens fed to the cloud for this block
+    answer: list[int] = field(default_factory=list)  # answer ids after this block
+    done: bool = False
+
+
+@dataclass
+class DecodeStats:
+    tokens: int = 0
+    blocks: int = 0
+    drafted_tokens: int = 0            # edge draft tokens proposed
+    accepted_tokens: int = 0           # of those, kept
+    verified_drafted: int = 0          # draft tokens in escalated blocks
+    verified_accepted: int = 0         # of those, accepted by the cloud
+    escalations: int = 0
+    loop_escalations: int = 0
+    cloud_calls: int = 0               # cloud forwards after prefill
+    cloud_tokens: int = 0              # tokens fed to the cloud after prefill
+    edge_forwards: int = 0             # edge forwards after prefill
+
+    def observe(self, event: BlockEvent) -> None:
+        self.blocks += 1
+        self.drafted_tokens += len(event.draft)
+        self.accepted_tokens += event.accepted
+        if event.escalated:
+            self.escalations += 1
+            self.loop_escalations += event.reason == "loop"
+            self.verified_drafted += len(event.draft)
+            self.verified_accepted += event.accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted over escalated blocks (None when nothing was verified)."""
+        return self.verified_accepted / self.verified_drafted if self.verified_drafted else None
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]                  # the answer's token ids
+    stats: DecodeStats
+    events: list[BlockEvent] = field(default_factory=list)
+
+
+def block_uncertainty(entropies: list[float], how: str) -> float:
+    if how == "max":
+        return max(entropies)
+    if how == "mean":
+        return sum(entropies) / len(entropies)
+    return sum(entropies)
+
+
+def repeats_ngram(answer: list[int], n: int, new_from: int) -> bool:
+    """Whether an n-gram ending at or after `new_from` already occurred earlier in `answer`: a loop
+    across blocks (the history and the draft are one list, so a loop split by a block boundary is
+    seen too: F10)."""
+    seen: set[tuple[int, ...]] = set()
+    for start in range(len(answer) - n + 1):
+        gram = tuple(answer[start:start + n])
+        if start + n - 1 >= new_from and gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
+def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int]) -> str:
+    """Why this block goes to the cloud, or "" if it does not. A threshold of +inf means the cloud
+    is never consulted (edge-only through this loop); otherwise a detected loop escalates whatever
+    the entropy, because a looping edge is often confident (F11)."""
+    if cfg.verify == "always":
+        return "always"
+    if cfg.threshold == float("inf"):
+        return ""
+    if cfg.constraints and repeats_ngram(answer + proposal.tokens, cfg.loop_ngram, len(answer)):
+        return "loop"
+    if block_uncertainty(proposal.entropies, cfg.uncertainty) > cfg.threshold:
+        return "entropy"
+    return ""
+
+
+def speculative_decode(
+    edge_model: PreTrainedModel,
+    cloud_model: PreTrainedModel,
+    inputs: Mapping[str, torch.Tensor],
+    cfg: DecodingConfig,
+    masks: VocabMasks,
+    eos_ids: list[int],
+    on_block: Callable[[BlockEvent], None] | None = None,
+) -> DecodeResult:
+    generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
+    edge, cloud = ModelState(edge_model, "edge"), ModelState(cloud_model, "cloud")
+
+    # 1. Prefill both on the same multimodal prompt. After this the cloud only receives tokens.
+    edge.prefill(inputs)
+    cloud.prefill(inputs)
+    prompt_len = len(edge)
+    rules = DecodingRules.build(cfg, masks, prompt_len, eos_ids)
+    sequence = list(edge.ids)          # prompt + accepted answer: the one sequence of record
+    stats = DecodeStats()
+    events: list[BlockEvent] = []
+
+    done = False
+    while not done:
+        # 2. Draft up to k tokens, never past max_new_tokens.
+        budget = min(cfg.k, prompt_len + cfg.max_new_tokens - len(sequence))
+        proposal = propose(edge, sequence, budget, rules, generator)
+        answer = sequence[prompt_len:]
+
+        # 3. Gate.
+        reason = escalation_reason(cfg, proposal, answer)
+        event = BlockEvent(len(events), proposal.tokens, proposal.entropies,
+                           block_uncertainty(proposal.entropies, cfg.uncertainty), bool(reason), reason,
+                           accepted=len(proposal.tokens))
+        new_tokens = list(proposal.tokens)
+
+        if reason:
+            # 4. Verify: one cloud forward over its unseen tokens + the draft, then the rule.
+            target_scores, fed = score_draft(cloud, sequence, proposal.tokens, rules)  # [k+1, V]
+            verdict: Verdict
+            if generator is None:
+                verdict = greedy_verdict(proposal.tokens, target_scores)
+            else:
+                verdict = rejection_verdict(proposal.tokens, proposal.draft_probs,
+                                            torch.softmax(target_scores, dim=-1), generator)
+            new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
+            event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
+            event.cloud_tokens = fed
+
+            # 5. Roll both caches back to the accepted prefix (the edge may hold less already).
+            keep = len(sequence) + verdict.accepted
+            edge.rollback(min(len(edge), keep))
+            cloud.rollback(min(len(cloud), keep))
+
+        # 6. Extend the sequence token by token; the first token that ends generation ends it.
+        for token in new_tokens:
+            sequence.append(token)
+            if rules.stops(sequence):
+                done = True
+                break
+
+        # 7. Report.
+        event.answer = sequence[prompt_len:]
+        event.done = done
+        stats.observe(event)
+        events.append(event)
+        if on_block is not None:
+            on_block(event)
+
+    stats.tokens = len(sequence) - prompt_len
+    stats.cloud_calls, stats.cloud_tokens = cloud.forwards, cloud.tokens_fed
+    stats.edge_forwards = edge.forwards
+    return DecodeResult(sequence[prompt_len:], stats, events)

@@ -1,0 +1,1 @@
+"""The bundled demo pair: corpus synthesis, tokenizer, training. Checkpoints live in demo/models."""

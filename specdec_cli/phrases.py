@@ -1,0 +1,27 @@
+"""The canonical phrases of ../shared/docs/demo-spec.md: one table, used by the demo corpus,
+the demo tokenizer (each phrase is one token) and the scorer."""
+
+from __future__ import annotations
+
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "gender": ("男声", "女声"),
+    "rate": ("语速较慢", "语速适中", "语速较快"),
+    "pitch": ("音调偏低", "音调适中", "音调偏高"),
+    "volume": ("音量较小", "音量适中", "音量较大"),
+    "pauses": ("停顿较少", "停顿较多"),
+    "emotion": ("情绪低落", "情绪平静", "情绪激动"),
+}
+
+ALL_PHRASES: tuple[str, ...] = tuple(p for phrases in ATTRIBUTES.values() for p in phrases)
+
+
+def find_phrases(description: str) -> dict[str, list[str]]:
+    """Every canonical phrase of each attribute that occurs in `description`."""
+    return {attr: [p for p in phrases if p in description] for attr, phrases in ATTRIBUTES.items()}
+
+
+def predict(description: str) -> dict[str, str | None]:
+    """The attribute values a description states: the phrase if exactly one of the attribute's
+    phrases occurs, else None (missing or ambiguous)."""
+    found = find_phrases(description)
+    return {attr: (hits[0] if len(hits) == 1 else None) for attr, hits in found.items()}

@@ -1,0 +1,76 @@
+"""Tiny random-weight Qwen2.5-Omni thinkers built from configs in the test session (no downloads),
+with a small generated tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
+
+from specdec_cli.decoding import DecodingConfig, VocabMasks
+from specdec_cli.demo.thinker_config import thinker_config
+from specdec_cli.demo.tokenizer import build_tokenizer
+from specdec_cli.processor import AudioTextProcessor
+
+torch.set_num_threads(1)
+
+TEXTS = ["说话人是女声，语速较快，音调偏高，音量适中，停顿较少，整体情绪激动。", "他的声音听起来比较低沉而且缓慢"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer(TEXTS)
+
+
+@pytest.fixture(scope="session")
+def processor(tokenizer):
+    return AudioTextProcessor(tokenizer, WhisperFeatureExtractor(feature_size=128, sampling_rate=16000))
+
+
+def make_thinker(tokenizer, seed: int, **sizes):
+    """A random thinker. Untied embeddings and a wider init keep its greedy output varied (a tied,
+    small-init model just repeats its input token, which would make every test trivially pass)."""
+    config = thinker_config(tokenizer, **sizes)
+    config.text_config.tie_word_embeddings = False
+    config.tie_word_embeddings = False
+    config.text_config.initializer_range = 0.2
+    torch.manual_seed(seed)
+    return Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
+
+
+@pytest.fixture(scope="session")
+def edge(tokenizer):
+    return make_thinker(tokenizer, 1, hidden=32, layers=1, heads=2, kv_heads=1, audio_d=32)
+
+
+@pytest.fixture(scope="session")
+def cloud(tokenizer):
+    return make_thinker(tokenizer, 2, hidden=64, layers=2, heads=4, kv_heads=2, audio_d=32)
+
+
+@pytest.fixture(scope="session")
+def masks(tokenizer, cloud):
+    return VocabMasks.for_tokenizer(tokenizer, cloud.config.text_config.vocab_size)
+
+
+@pytest.fixture(scope="session")
+def eos_ids(tokenizer):
+    return [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def clip(seed: int = 0, seconds: float = 1.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000
+    tone = 0.3 * np.sin(2 * np.pi * (120 + 40 * seed) * t)
+    return (tone + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def inputs(processor):
+    return processor(clip(0))
+
+
+@pytest.fixture
+def cfg():
+    return DecodingConfig(max_new_tokens=24)
