@@ -1,0 +1,127 @@
+"""Loading the edge/cloud pair and their shared processor.
+
+The same `from_pretrained` path serves Qwen/Qwen2.5-Omni-3B / -7B and the bundled demo pair:
+a full Qwen2.5-Omni checkpoint (model_type `qwen2_5_omni`, thinker + talker) is loaded as its
+thinker only, by mapping the `thinker.` weight prefix away; a thinker-only folder (the demo pair)
+loads directly; anything else goes through `AutoModelForCausalLM` (the loop does not care which
+architecture it drives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PreTrainedModel,
+    Qwen2_5OmniThinkerForConditionalGeneration,
+)
+
+from .decoding import VocabMasks
+from .errors import ModelError
+from .processor import AudioTextProcessor
+
+DEMO_DIR = Path(__file__).parent / "demo" / "models"
+PRESETS_FILE = "specdec_presets.toml"
+
+
+def demo_pair() -> tuple[str, str]:
+    """Paths of the bundled demo edge and cloud checkpoints."""
+    edge, cloud = DEMO_DIR / "edge", DEMO_DIR / "cloud"
+    if not (edge / "config.json").exists() or not (cloud / "config.json").exists():
+        raise ModelError(f"the bundled demo models are missing under {DEMO_DIR}; reinstall specdec "
+                         "or pass --edge and --cloud")
+    return str(edge), str(cloud)
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+
+
+def parse_dtype(name: str) -> torch.dtype | str:
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise ModelError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, auto") from None
+
+
+def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
+    """Load one model for decoding (eval mode, on `device`). Raises ModelError naming the path."""
+    try:
+        config = AutoConfig.from_pretrained(path_or_id)
+        kwargs = {"dtype": parse_dtype(dtype)}
+        if config.model_type == "qwen2_5_omni":
+            # Full Omni checkpoint: load just the thinker (the talker speaks; we only read text).
+            model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
+                path_or_id, config=config.thinker_config, key_mapping={r"^thinker\.": ""}, **kwargs)
+        elif config.model_type == "qwen2_5_omni_thinker":
+            model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(path_or_id, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path_or_id, **kwargs)
+        return model.to(device).eval()
+    except ModelError:
+        raise
+    except Exception as exc:  # from_pretrained raises many types; the user needs the path and the cause
+        raise ModelError(f"cannot load model {path_or_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+
+
+def load_processor(path_or_id: str) -> AudioTextProcessor:
+    try:
+        return AudioTextProcessor.from_pretrained(path_or_id)
+    except Exception as exc:
+        raise ModelError(f"cannot load the tokenizer/feature extractor of {path_or_id!r}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+
+
+def same_tokenizer(a, b) -> bool:
+    """Same vocabulary (token -> id) and the same special tokens."""
+    return a.get_vocab() == b.get_vocab() and a.all_special_tokens == b.all_special_tokens
+
+
+@dataclass
+class ModelPair:
+    edge: PreTrainedModel
+    cloud: PreTrainedModel
+    processor: AudioTextProcessor
+    masks: VocabMasks
+    eos_ids: list[int]
+    edge_id: str
+    cloud_id: str
+
+    @property
+    def tokenizer(self):
+        return self.processor.tokenizer
+
+    @property
+    def presets_file(self) -> Path | None:
+        """A model folder may carry its own calibrated presets (the demo pair does)."""
+        path = Path(self.edge_id) / PRESETS_FILE
+        return path if path.is_file() else None
+
+
+def eos_ids_for(tokenizer) -> list[int]:
+    """EOS and <|im_end|>: either ends the assistant's turn."""
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
+
+
+def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "cpu",
+              dtype: str = "float32") -> ModelPair:
+    """Load edge and cloud (the bundled demo pair for any not given) and check they share a
+    tokenizer before any decoding: speculative decoding compares token ids across models."""
+    if edge is None or cloud is None:
+        demo_edge, demo_cloud = demo_pair()
+        edge, cloud = edge or demo_edge, cloud or demo_cloud
+    processor = load_processor(edge)
+    cloud_tok = load_processor(cloud).tokenizer
+    if not same_tokenizer(processor.tokenizer, cloud_tok):
+        raise ModelError(f"edge {edge!r} and cloud {cloud!r} have different tokenizers "
+                         f"({len(processor.tokenizer)} vs {len(cloud_tok)} tokens); pick a pair from one family")
+    edge_model = load_model(edge, device, dtype)
+    cloud_model = load_model(cloud, device, dtype)
+    vocab = cloud_model.get_output_embeddings().weight.shape[0]
+    masks = VocabMasks.for_tokenizer(processor.tokenizer, vocab)
+    return ModelPair(edge_model, cloud_model, processor, masks, eos_ids_for(processor.tokenizer), edge, cloud)

@@ -1,0 +1,43 @@
+"""One clip in, one description out: audio → thinker inputs → the chosen mode → text.
+
+The CLI, batch and eval all go through `Describer.run`, so every mode is measured the same way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .decoding import BlockEvent, DecodeResult, DecodingConfig, generate_baseline, speculative_decode
+from .models import ModelPair
+
+
+@dataclass
+class Description:
+    text: str
+    result: DecodeResult
+    latency_s: float   # wall time for features + decoding (model loading excluded)
+
+
+class Describer:
+    def __init__(self, pair: ModelPair) -> None:
+        self.pair = pair
+
+    def inputs(self, audio: np.ndarray):
+        return self.pair.processor(audio).to(self.pair.edge.device)
+
+    def run(self, audio: np.ndarray, cfg: DecodingConfig,
+            on_block: Callable[[BlockEvent], None] | None = None) -> Description:
+        p = self.pair
+        start = time.perf_counter()
+        inputs = self.inputs(audio)
+        if cfg.mode == "spec":
+            result = speculative_decode(p.edge, p.cloud, inputs, cfg, p.masks, p.eos_ids, on_block)
+        else:
+            model = p.cloud if cfg.mode == "cloud" else p.edge
+            result = generate_baseline(model, inputs, cfg, p.masks, p.eos_ids, p.tokenizer.pad_token_id)
+        latency = time.perf_counter() - start
+        text = p.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
+        return Description(text, result, latency)
