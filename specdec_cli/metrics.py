@@ -80,3 +80,14 @@ def build_record(file: str, text: str | None, result: DecodeResult | None, cfg: 
         record["escalations"] = s.escalations if spec else None
     record.update(extra)
     return record
+
+
+def modelled_latency(latency_s: float, mode: str, cloud_calls: int, rtt_ms: float) -> float:
+    """Latency an edge device on a real network would see: `rtt_ms` per cloud call for spec modes
+    (the edge waits for each verdict), once per clip for cloud-only (upload, then stream back),
+    nothing for edge-only. Computed, never slept."""
+    if mode == "spec":
+        return latency_s + cloud_calls * rtt_ms / 1000.0
+    if mode == "cloud":
+        return latency_s + rtt_ms / 1000.0
+    return latency_s
