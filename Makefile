@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine with Python >= 3.11:
+#   make demo   install, then describe a bundled sample with the bundled demo pair
+#   make test   install, then run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SAMPLE ?= samples/f_fast_high.wav
+# No model hub is reachable here: everything loads from local folders.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+# torch is pinned to the CPU wheel (a bare `torch` pulls several GB of CUDA packages).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: install
+	$(BIN)/specdec describe $(SAMPLE) --preset quality
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python bench/run.py --json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
