@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from .decoding import VocabMasks
-from .errors import ModelError
+from .errors import InputError, ModelError
 from .processor import AudioTextProcessor
 
 DEMO_DIR = Path(__file__).parent / "demo" / "models"
@@ -45,7 +45,7 @@ def parse_dtype(name: str) -> torch.dtype | str:
     try:
         return _DTYPES[name.lower()]
     except KeyError:
-        raise ModelError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, auto") from None
+        raise InputError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, auto") from None
 
 
 def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
@@ -62,7 +62,7 @@ def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> 
         else:
             model = AutoModelForCausalLM.from_pretrained(path_or_id, **kwargs)
         return model.to(device).eval()
-    except ModelError:
+    except (ModelError, InputError):
         raise
     except Exception as exc:  # from_pretrained raises many types; the user needs the path and the cause
         raise ModelError(f"cannot load model {path_or_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
@@ -97,9 +97,15 @@ class ModelPair:
 
     @property
     def presets_file(self) -> Path | None:
-        """A model folder may carry its own calibrated presets (the demo pair does)."""
-        path = Path(self.edge_id) / PRESETS_FILE
-        return path if path.is_file() else None
+        return presets_file_for(self.edge_id)
+
+
+def presets_file_for(edge_id: str | None) -> Path | None:
+    """A model folder may carry its own calibrated presets (the demo pair does); the edge's
+    folder decides, since the threshold is read off the edge's entropies. None: the demo edge.
+    Found without loading any model."""
+    path = (Path(edge_id) if edge_id else DEMO_DIR / "edge") / PRESETS_FILE
+    return path if path.is_file() else None
 
 
 def eos_ids_for(tokenizer) -> list[int]:

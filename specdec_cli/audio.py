@@ -1,0 +1,103 @@
+"""Read one clip from disk, refuse what the model cannot use, return mono float32 at its rate.
+
+soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); librosa
+downmixes and resamples. Each refusal is an InputError whose one line says what is wrong and what
+to do. Loudness is never normalised: volume is one of the attributes the model describes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from .errors import InputError
+
+MIN_SECONDS = 0.1
+# Below this peak a clip carries no speech to describe. Real quiet speech ("音量较小" in the demo
+# corpus, espeak amplitude 25) peaks some 30 dB above it, so only true silence or dither is refused.
+SILENCE_DBFS = -60.0
+
+# libsndfile format name -> file suffixes we accept for it.
+_FORMAT_SUFFIXES = {"WAV": (".wav",), "FLAC": (".flac",), "OGG": (".ogg",), "MP3": (".mp3",)}
+
+
+def audio_suffixes() -> tuple[str, ...]:
+    """Suffixes of the formats the installed libsndfile decodes (MP3 needs libsndfile >= 1.1)."""
+    available = sf.available_formats()
+    return tuple(s for fmt, suffixes in _FORMAT_SUFFIXES.items() if fmt in available for s in suffixes)
+
+
+def _formats_hint() -> str:
+    names = [s.lstrip(".").upper() for s in audio_suffixes()]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def _reason(exc: Exception) -> str:
+    """libsndfile's own words, e.g. 'Format not recognised', without the path it repeats."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(": ")[-1].rstrip(".")
+
+
+def check_path(path: Path) -> None:
+    """The cheap checks, done before any model is loaded: the path names a non-empty file."""
+    if path.is_dir():
+        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path}` for a folder)")
+    if not path.exists():
+        raise InputError(f"no such file: {path}; check the path")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"cannot read {path}: permission denied")
+
+
+def _info(path: Path):  # -> soundfile's info record (frames, samplerate, channels, ...)
+    try:
+        return sf.info(str(path))
+    except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+        raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
+
+
+def load_audio(path: str | Path, sampling_rate: int, max_seconds: float) -> np.ndarray:
+    """The clip at `path` as mono float32 at `sampling_rate`, after validation (see module doc)."""
+    path = Path(path)
+    check_path(path)
+    info = _info(path)
+    # The header tells the length before anything is decoded, so a 2-hour file is refused at once.
+    if info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
+        raise InputError(f"{path} is {info.frames / info.samplerate:.1f} s long; the model takes at most "
+                         f"{max_seconds:g} s per clip: cut it into shorter clips")
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # [frames, channels]
+    except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+        raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
+    seconds = data.shape[0] / rate
+    if data.shape[0] == 0:
+        raise InputError(f"{path} holds no audio samples; give a clip of at least {MIN_SECONDS:g} s")
+    if seconds < MIN_SECONDS:
+        raise InputError(f"{path} is {seconds:.3f} s long; give a clip of at least {MIN_SECONDS:g} s")
+    if seconds > max_seconds:  # headers of some compressed files under-report the length
+        raise InputError(f"{path} is {seconds:.1f} s long; the model takes at most {max_seconds:g} s "
+                         "per clip: cut it into shorter clips")
+    if not np.isfinite(data).all():
+        raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
+    return _prepare(data, rate, sampling_rate, path)
+
+
+def _prepare(data: np.ndarray, rate: int, sampling_rate: int, path: Path) -> np.ndarray:
+    import librosa  # lazy: librosa's import pulls numba/scipy machinery only a real read needs
+
+    mono = librosa.to_mono(data.T)  # [frames]: the mean of the channels, as the model hears them
+    peak = float(np.abs(mono).max())
+    if peak < 10 ** (SILENCE_DBFS / 20):
+        raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
+                         "check the recording")
+    if rate != sampling_rate:
+        mono = librosa.resample(mono, orig_sr=rate, target_sr=sampling_rate)
+    return np.ascontiguousarray(mono, dtype=np.float32)

@@ -1,0 +1,400 @@
+"""The `specdec` command line: describe, batch, presets, eval.
+
+Commands are thin: parse the options, call the library, print. Data goes to stdout (the sentence,
+or one JSON object with --json); everything for humans (live view, progress, summaries, errors)
+goes to stderr. Errors are mapped to a message and an exit code in one place, `report_error`:
+0 ok, 1 runtime failure, 2 bad usage or input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from . import __version__, ui
+from .audio import audio_suffixes, check_path, load_audio
+from .batch import ResultsFile, dumps_record, find_audio, pending, run_batch
+from .decoding.config import DecodingConfig
+from .errors import InputError, SpecdecError
+from .eval_command import eval_command
+from .metrics import build_record, modelled_latency
+from .models import ModelPair, load_pair, parse_dtype, presets_file_for
+from .pipeline import Describer, Description
+from .presets import Preset, load_presets, resolve
+
+PLOT_HINT = "plotting needs matplotlib: pip install 'specdec[plot]'"
+
+
+def _debug() -> bool:
+    return os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+
+
+def report_error(exc: BaseException) -> int:
+    """The one place an exception becomes a line on stderr and an exit code."""
+    if _debug():
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        return 130
+    if isinstance(exc, SpecdecError):
+        sys.stderr.write(f"error: {exc.message}\n")
+        return exc.exit_code
+    lines = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    hint = "" if _debug() else " (set SPECDEC_DEBUG=1 for the traceback)"
+    sys.stderr.write(f"error: unexpected {detail}{hint}\n")
+    return 1
+
+
+class _ErrorMappingGroup(TyperGroup):
+    """Routes every exception a command raises through `report_error`. Doing it here rather than
+    around `app()` makes CliRunner tests see exactly the exit codes the installed command gives."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException, SystemExit):
+            raise  # Typer's own flow: --help, --version, usage errors (exit 2)
+        except (KeyboardInterrupt, Exception) as exc:  # KeyboardInterrupt: exit 130, not "Aborted!"
+            raise typer.Exit(report_error(exc)) from None
+
+
+app = typer.Typer(
+    name="specdec",
+    cls=_ErrorMappingGroup,
+    help="Describe a speaker in one Chinese sentence with edge-cloud speculative decoding.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+# -- options shared by describe and batch -------------------------------------------------------
+
+class Mode(StrEnum):
+    spec = "spec"
+    edge = "edge"
+    cloud = "cloud"
+
+
+class Verify(StrEnum):
+    entropy = "entropy"
+    always = "always"
+
+
+class Uncertainty(StrEnum):
+    sum = "sum"
+    max = "max"
+    mean = "mean"
+
+
+class OnOff(StrEnum):
+    on = "on"
+    off = "off"
+
+
+_D = "Decoding"  # help panel for the decoding options
+PresetOpt = Annotated[str, typer.Option(help="Preset (see `specdec presets`); flags you give override it.",
+                                        rich_help_panel=_D)]
+ModeOpt = Annotated[Mode | None, typer.Option(help="spec: edge drafts, cloud verifies; edge / cloud: one model alone.",
+                                              show_default=False, rich_help_panel=_D)]
+VerifyOpt = Annotated[Verify | None, typer.Option(
+    help="entropy: only uncertain blocks go to the cloud; always: every block (lossless).",
+    show_default=False, rich_help_panel=_D)]
+ThresholdOpt = Annotated[float | None, typer.Option(
+    help="Escalate a block when its uncertainty (nats) exceeds this; 'inf' never escalates.",
+    show_default=False, rich_help_panel=_D)]
+KOpt = Annotated[int | None, typer.Option("--k", min=1, help="Draft block length.", show_default=False,
+                                          rich_help_panel=_D)]
+UncertaintyOpt = Annotated[Uncertainty | None, typer.Option(help="How per-token entropies make a block's uncertainty.",
+                                                            show_default=False, rich_help_panel=_D)]
+ConstraintsOpt = Annotated[OnOff | None, typer.Option(
+    help="Sentence constraints (CJK vocabulary, punctuation spacing, loop checks); off = plain decoding.",
+    show_default=False, rich_help_panel=_D)]
+MaxTokensOpt = Annotated[int | None, typer.Option(min=1, help="Most tokens per description (default 64).",
+                                                  show_default=False, rich_help_panel=_D)]
+SampleOpt = Annotated[bool | None, typer.Option("--sample/--greedy", help="Sample (lossless rejection sampling) "
+                                                "or decode greedily (default).", show_default=False, rich_help_panel=_D)]
+SeedOpt = Annotated[int | None, typer.Option(help="Random seed for --sample.", show_default=False, rich_help_panel=_D)]
+_M = "Models"
+EdgeOpt = Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
+                                             show_default=False, rich_help_panel=_M)]
+CloudOpt = Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id (default: bundled demo cloud).",
+                                              show_default=False, rich_help_panel=_M)]
+DeviceOpt = Annotated[str, typer.Option(help="Torch device for both models.", rich_help_panel=_M)]
+DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.", rich_help_panel=_M)]
+RttOpt = Annotated[float | None, typer.Option(
+    min=0, help="Modelled edge-cloud round trip (ms): adds latency_modelled_s to the record (computed, never slept).",
+    show_default=False)]
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What the user asked for. `overrides` holds only the decoding flags actually given, so that
+    they, and nothing else, override the preset."""
+
+    preset: str
+    overrides: dict[str, Any]
+    edge: str | None
+    cloud: str | None
+    device: str
+    dtype: str
+    rtt_ms: float | None
+
+
+def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype: str, rtt_ms: float | None,
+           **given: Any) -> Flags:
+    overrides = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        if isinstance(value, OnOff):
+            value = value is OnOff.on
+        elif isinstance(value, Enum):
+            value = value.value
+        overrides[name] = value
+    # Check the flags now, before any model is loaded (a preset cannot make a bad flag good).
+    _config(Preset("defaults", {}, "built-in"), overrides)
+    parse_dtype(dtype)  # a typo in a flag is bad usage (InputError, exit 2), caught before loading
+    return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms)
+
+
+def _config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig:
+    """Built-in defaults < preset < explicit flags."""
+    try:
+        cfg = DecodingConfig().with_(**preset.values)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"preset {preset.name!r} from {preset.source} is invalid: {exc}") from exc
+    try:
+        return cfg.with_(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"bad decoding option: {exc}") from exc
+
+
+def _quiet_libraries() -> None:
+    """Keep stderr to our own lines: no weight-loading bars or advisory warnings from transformers."""
+    if _debug():
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+# -- one loaded pair, used for one clip (describe) or many (batch) ------------------------------
+
+class Session:
+    """The loaded pair and the resolved settings; turns a clip into a result record."""
+
+    def __init__(self, flags: Flags, err: Console) -> None:
+        resolve(flags.preset, presets_file_for(flags.edge))  # an unknown preset fails before loading
+        _quiet_libraries()
+        with err.status("loading models…") if err.is_terminal else nullcontext():
+            self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype)
+        preset = resolve(flags.preset, self.pair.presets_file)
+        self.cfg = _config(preset, flags.overrides)
+        self.preset = preset.name if self.cfg.mode == "spec" else None
+        self.rtt_ms = flags.rtt_ms
+        self.describer = Describer(self.pair)
+
+    def load(self, path: Path) -> np.ndarray:
+        p = self.pair.processor
+        return load_audio(path, p.sampling_rate, p.max_seconds)
+
+    def _extra(self) -> dict[str, Any]:
+        return {"edge": self.pair.edge_id, "cloud": self.pair.cloud_id}
+
+    def record(self, file: str, audio: np.ndarray, desc: Description) -> dict[str, Any]:
+        extra = self._extra()
+        extra["audio_s"] = round(len(audio) / self.pair.processor.sampling_rate, 3)
+        if self.rtt_ms is not None:
+            extra["cloud_rtt_ms"] = self.rtt_ms
+            extra["latency_modelled_s"] = modelled_latency(desc.latency_s, self.cfg.mode,
+                                                           desc.result.stats.cloud_calls, self.rtt_ms)
+        return build_record(file, desc.text, desc.result, self.cfg, self.preset, desc.latency_s, None, **extra)
+
+    def describe_file(self, path: Path) -> dict[str, Any]:
+        audio = self.load(path)
+        return self.record(str(path), audio, self.describer.run(audio, self.cfg))
+
+    def error_record(self, path: Path, message: str) -> dict[str, Any]:
+        return build_record(str(path), None, None, self.cfg, self.preset, None, message, **self._extra())
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _plot_trace_fn():
+    """plots.plot_trace, imported only when asked for; matplotlib is an optional extra."""
+    try:
+        from . import plots
+
+        plots.require_matplotlib()
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "matplotlib":
+            raise
+        raise InputError(PLOT_HINT) from None
+    return plots.plot_trace
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specdec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Describe a speaker in one Chinese sentence with edge-cloud speculative decoding."""
+
+
+@app.command()
+def describe(
+    clip: Annotated[str, typer.Argument(help="Audio file (WAV, FLAC, OGG, MP3), at most 30 s.", show_default=False)],
+    preset: PresetOpt = "fluent",
+    mode: ModeOpt = None,
+    verify: VerifyOpt = None,
+    threshold: ThresholdOpt = None,
+    k: KOpt = None,
+    uncertainty: UncertaintyOpt = None,
+    constraints: ConstraintsOpt = None,
+    max_new_tokens: MaxTokensOpt = None,
+    sample: SampleOpt = None,
+    seed: SeedOpt = None,
+    edge: EdgeOpt = None,
+    cloud: CloudOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result record as one JSON object on stdout.")] = False,
+    no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.")] = False,
+    cloud_rtt_ms: RttOpt = None,
+    plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
+                                              "to this PNG. Needs matplotlib.", show_default=False)] = None,
+) -> None:
+    """Describe the speaker in CLIP: prints the sentence (or the record with --json)."""
+    path = Path(clip)
+    check_path(path)
+    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, mode=mode, verify=verify, threshold=threshold,
+                   k=k, uncertainty=uncertainty, constraints=constraints, max_new_tokens=max_new_tokens,
+                   sample=sample, seed=seed)
+    plot_trace = _plot_trace_fn() if plot is not None else None
+    err = _stderr()
+    session = Session(flags, err)
+    if plot is not None and session.cfg.mode != "spec":
+        raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {session.cfg.mode}")
+    audio = session.load(path)
+
+    view = ui.LiveView(err, session.pair.tokenizer, session.cfg, title=f"specdec · {clip}",
+                       enabled=not no_live and err.is_terminal)
+    with view:
+        desc = session.describer.run(audio, session.cfg, on_block=view.on_block)
+    record = session.record(clip, audio, desc)
+    err.print(ui.summary_panel(record))
+    if plot_trace is not None and plot is not None:
+        written = plot_trace(desc.result.events, session.cfg.threshold, plot, tokenizer=session.pair.tokenizer)
+        err.print(f"trace plot: {written}", markup=False)
+    _print_record(record, json_out)
+
+
+def _print_record(record: dict[str, Any], json_out: bool) -> None:
+    line = dumps_record(record) if json_out else (record["description"] or "")
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+def batch(
+    directory: Annotated[Path, typer.Argument(help="Folder of audio files.", show_default=False)],
+    out: Annotated[Path, typer.Option(help="Results, one JSON line per file (appended as each finishes).",
+                                      show_default=False)],
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out.")] = False,
+    preset: PresetOpt = "fluent",
+    mode: ModeOpt = None,
+    verify: VerifyOpt = None,
+    threshold: ThresholdOpt = None,
+    k: KOpt = None,
+    uncertainty: UncertaintyOpt = None,
+    constraints: ConstraintsOpt = None,
+    max_new_tokens: MaxTokensOpt = None,
+    sample: SampleOpt = None,
+    seed: SeedOpt = None,
+    edge: EdgeOpt = None,
+    cloud: CloudOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    cloud_rtt_ms: RttOpt = None,
+) -> None:
+    """Describe every audio file in DIRECTORY into --out, one JSON line per file.
+
+    Rerunning with the same --out resumes: files recorded without error are skipped, failed ones
+    are retried, and a run killed at any moment loses nothing already written."""
+    files = find_audio(directory, audio_suffixes(), recursive)
+    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, mode=mode, verify=verify, threshold=threshold,
+                   k=k, uncertainty=uncertainty, constraints=constraints, max_new_tokens=max_new_tokens,
+                   sample=sample, seed=seed)
+    err = _stderr()
+    with ResultsFile(out, overwrite) as results:
+        todo, skipped = pending(files, results)
+        if not todo:
+            err.print(ui.batch_summary(0, 0, skipped, str(out)))
+            return
+        session = Session(flags, err)
+        with ui.batch_progress(err, disable=not err.is_terminal) as progress:
+            task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing",
+                                     total=len(todo))
+
+            def on_done(path: Path, record: dict[str, Any]) -> None:
+                progress.advance(task)
+                if record["error"] is not None:
+                    progress.console.print(f"failed: {path}: {record['error']}", markup=False, style="yellow",
+                                           soft_wrap=True)  # one line per file, even in a log
+
+            summary = run_batch(files, results, session.describe_file, session.error_record, on_done)
+    err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, str(out)))
+    if summary.failed:
+        raise SpecdecError(f"{summary.failed} of {len(files)} files failed; their records in {out} say why "
+                           "(rerun to retry them)")
+
+
+@app.command("presets")
+def presets_command(
+    edge: EdgeOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the presets as one JSON object.")] = False,
+) -> None:
+    """List the presets, their values and where each comes from (configs/ or the model folder)."""
+    model_file = presets_file_for(edge)
+    merged = load_presets(model_file)
+    if json_out:
+        data = {name: {**p.values, "source": p.source, "description": p.description} for name, p in merged.items()}
+        sys.stdout.write(dumps_record(data) + "\n")
+        return
+    Console(highlight=False).print(ui.presets_table(merged, load_presets(None)))
+
+
+app.command("eval")(eval_command)
+
+
+def main() -> None:
+    """Console-script entry point (`specdec`)."""
+    try:
+        app(prog_name="specdec")
+    except KeyboardInterrupt as exc:  # during option parsing, before the group's own mapping
+        sys.exit(report_error(exc))

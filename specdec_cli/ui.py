@@ -1,0 +1,279 @@
+"""Terminal views: the Live view of one clip's decoding, the summary panel, the batch progress bar.
+
+Everything draws on a Console the caller passes (stderr in the CLI). The Live view consumes only
+BlockEvents, plus the tokenizer to turn ids into text: ids become text here, never in the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+from .decoding.config import DecodingConfig
+from .decoding.loop import BlockEvent
+from .presets import PRESET_KEYS, Preset
+
+ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
+_UNCERTAINTY_LABEL = {"sum": "ΣH", "max": "max H", "mean": "mean H"}
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One token as the user should see it: specials by name, invisible characters made visible."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    return text.replace("\n", "⏎").replace(" ", "␣") or "∅"
+
+
+def format_threshold(threshold: float) -> str:
+    return "∞" if math.isinf(threshold) else f"{threshold:g}"
+
+
+def entropy_style(entropy: float, budget: float) -> str:
+    """Colour of one token's entropy against its share of the threshold: green well under it,
+    yellow approaching it, red over it (the token that pushes the block to the cloud)."""
+    if entropy >= budget:
+        return "bold red"
+    return "yellow" if entropy >= budget / 2 else "green"
+
+
+def token_budget(cfg: DecodingConfig, block_len: int) -> float:
+    """The per-token entropy that would put the block at the threshold. With `sum` the threshold
+    is shared by the block's tokens; with `max` and `mean` it applies to each token as is."""
+    if cfg.uncertainty == "sum" and block_len:
+        return cfg.threshold / block_len
+    return cfg.threshold
+
+
+def marks(event: BlockEvent) -> list[tuple[str, str]]:
+    """(mark, style) per draft token: kept unverified, accepted, the first rejected, discarded."""
+    if not event.escalated:
+        return [(UNVERIFIED, "dim")] * len(event.draft)
+    out = []
+    for i in range(len(event.draft)):
+        if i < event.accepted:
+            out.append((ACCEPTED, "bold green"))
+        elif i == event.accepted:
+            out.append((REJECTED, "bold red"))
+        else:
+            out.append((DISCARDED, "dim"))
+    return out
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one frame shows. Replaced whole on each event, so Live's refresh thread never reads a
+    half-updated view."""
+
+    sentence: str = ""
+    event: BlockEvent | None = None
+    cloud_calls: int = 0
+    verified_drafted: int = 0
+    verified_accepted: int = 0
+    tokens: int = 0
+    tokens_per_s: float | None = None
+
+
+class LiveView:
+    """The Live view of one clip. Use as a context manager; pass `on_block` to the decoder.
+
+    With `enabled=False` (no terminal, --no-live) it draws nothing and `on_block` only counts."""
+
+    def __init__(self, console: Console, tokenizer: Any, cfg: DecodingConfig, title: str = "specdec",
+                 enabled: bool = True) -> None:
+        self.console, self.tokenizer, self.cfg, self.title = console, tokenizer, cfg, title
+        self.enabled = enabled
+        self._snap = _Snapshot()
+        self._live: Live | None = None
+        self._start = time.perf_counter()
+
+    def __enter__(self) -> LiveView:
+        self._start = time.perf_counter()
+        if self.enabled:
+            # transient: the summary panel printed afterwards replaces the view, so the terminal
+            # ends with the result, not with the last intermediate frame.
+            self._live = Live(self, console=self.console, refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc_info)
+            self._live = None
+
+    def on_block(self, event: BlockEvent) -> None:
+        s = self._snap
+        elapsed = time.perf_counter() - self._start
+        self._snap = _Snapshot(
+            sentence=self.tokenizer.decode(event.answer, skip_special_tokens=True),
+            event=event,
+            cloud_calls=s.cloud_calls + event.escalated,  # one cloud forward per escalated block
+            verified_drafted=s.verified_drafted + (len(event.draft) if event.escalated else 0),
+            verified_accepted=s.verified_accepted + (event.accepted if event.escalated else 0),
+            tokens=len(event.answer),
+            tokens_per_s=len(event.answer) / elapsed if elapsed > 0 else None,
+        )
+        if self._live is not None:
+            self._live.refresh()  # draw every block at least once, however fast blocks come
+
+    def __rich__(self) -> RenderableType:
+        return self.render()
+
+    def render(self) -> Panel:
+        snap = self._snap
+        parts: list[RenderableType] = [Text(snap.sentence + "▌", style="bold")]
+        if snap.event is None:
+            parts.append(Spinner("dots", text=Text(f"listening and decoding ({self.cfg.mode})…", style="dim")))
+        else:
+            parts += [Text(""), self._block_table(snap.event), self._block_line(snap.event)]
+        parts += [Text(""), self._stats_line(snap)]
+        return Panel(Group(*parts), title=self.title, subtitle=self._subtitle(), border_style="cyan")
+
+    def _subtitle(self) -> str:
+        cfg = self.cfg
+        if cfg.mode != "spec":
+            return f"mode {cfg.mode}"
+        return (f"threshold {_UNCERTAINTY_LABEL[cfg.uncertainty]} > {format_threshold(cfg.threshold)} · "
+                f"k {cfg.k} · verify {cfg.verify}")
+
+    def _block_table(self, event: BlockEvent) -> Table:
+        table = Table(show_header=False, box=None, padding=(0, 1))
+        table.add_column(style="dim", no_wrap=True)
+        for _ in event.draft:
+            table.add_column(justify="center", no_wrap=True)
+        if event.correction is not None:
+            table.add_column(justify="center", no_wrap=True)
+        budget = token_budget(self.cfg, len(event.draft))
+        tokens = [Text(token_text(self.tokenizer, t)) for t in event.draft]
+        entropies = [Text(f"{h:.2f}", style=entropy_style(h, budget)) for h in event.entropies]
+        verdicts = [Text(m, style=style) for m, style in marks(event)]
+        if event.correction is not None:
+            # The cloud's own token: at the first rejection (recovered) or after a fully accepted block (bonus).
+            tokens.append(Text(token_text(self.tokenizer, event.correction), style="bold magenta"))
+            entropies.append(Text(f"cloud {event.correction_kind}", style="magenta"))
+            verdicts.append(Text("+", style="bold magenta"))
+        table.add_row(Text("draft"), *tokens)
+        table.add_row(Text("H nats"), *entropies)
+        table.add_row(Text("verdict"), *verdicts)
+        return table
+
+    def _block_line(self, event: BlockEvent) -> Text:
+        label = _UNCERTAINTY_LABEL[self.cfg.uncertainty]
+        over = event.uncertainty > self.cfg.threshold
+        line = Text(f"block {event.index + 1}: {label} {event.uncertainty:.2f} "
+                    f"{'>' if over else '≤'} {format_threshold(self.cfg.threshold)}  ")
+        if not event.escalated:
+            line.append("kept on the edge", style="green")
+        else:
+            why = {"entropy": "uncertain", "loop": "loop detected", "always": "verify=always"}.get(event.reason, event.reason)
+            line.append(f"→ cloud ({why}): {event.accepted}/{len(event.draft)} accepted", style="magenta")
+        return line
+
+    @staticmethod
+    def _stats_line(snap: _Snapshot) -> Text:
+        rate = (f"{snap.verified_accepted / snap.verified_drafted:.0%} ({snap.verified_accepted}/{snap.verified_drafted})"
+                if snap.verified_drafted else "–")
+        speed = f"{snap.tokens_per_s:.1f}" if snap.tokens_per_s is not None else "–"
+        return Text(f"cloud calls {snap.cloud_calls} · acceptance {rate} · {speed} tok/s · {snap.tokens} tokens",
+                    style="cyan")
+
+
+def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:{spec}}{suffix}"
+    return f"{value}{suffix}"
+
+
+def summary_panel(record: dict[str, Any]) -> Panel:
+    """The result of one clip, from its record (the same dict --json prints)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column()
+    grid.add_row("description", Text(record.get("description") or "", style="bold"))
+    mode = record["mode"] + (f" (preset {record['preset']})" if record.get("preset") and record["mode"] == "spec" else "")
+    grid.add_row("mode", mode)
+    if record["mode"] == "spec":
+        grid.add_row("threshold · k · verify", f"{record['threshold']} · {record['k']} · {record['verify']}")
+    grid.add_row("tokens", _fmt(record.get("tokens")))
+    grid.add_row("cloud calls", f"{_fmt(record.get('cloud_calls'))} ({_fmt(record.get('cloud_call_rate'), '.2f')} per token)")
+    if record["mode"] == "spec":
+        grid.add_row("acceptance", f"{_fmt(record.get('acceptance_rate'), '.0%')} of verified drafts · "
+                                   f"{_fmt(record.get('accepted_tokens'))}/{_fmt(record.get('drafted_tokens'))} "
+                                   "drafts kept overall")
+    latency = _fmt(record.get("latency_s"), ".2f", " s")
+    if record.get("latency_modelled_s") is not None:
+        latency += f"  (modelled with network: {_fmt(record['latency_modelled_s'], '.2f', ' s')})"
+    grid.add_row("latency", latency)
+    grid.add_row("tokens/s", _fmt(record.get("tokens_per_s"), ".1f"))
+    return Panel(grid, title=f"specdec · {record['file']}", border_style="green")
+
+
+def batch_progress(console: Console, disable: bool = False) -> Progress:
+    """A progress bar with ETA. Disabled off a terminal, where a bar would only litter logs."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+        disable=disable,
+    )
+
+
+def batch_summary(ok: int, failed: int, skipped: int, out: str) -> Text:
+    text = Text("batch: ")
+    text.append(f"{ok} ok", style="green")
+    text.append(" · ")
+    text.append(f"{failed} failed", style="bold red" if failed else "dim")
+    text.append(f" · {skipped} skipped (already recorded) → {out}")
+    return text
+
+
+def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
+    """Presets with their values and where they come from, then what each is for. `base` holds the
+    presets of configs/ alone, to say when a model folder's file overrides one of them."""
+    table = Table(title="specdec presets", title_style="bold")
+    table.add_column("preset", style="bold", no_wrap=True)
+    for key in PRESET_KEYS:
+        table.add_column(key, justify="right" if key in ("threshold", "k") else "left", no_wrap=True)
+    table.add_column("source", overflow="fold")  # a model folder's path may be long: fold, never crop
+    notes = Text()
+    for name in sorted(presets):
+        p = presets[name]
+        cells = []
+        for key in PRESET_KEYS:
+            value = p.values.get(key)
+            cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
+        table.add_row(name, *cells, _source(p, base.get(name)))
+        if p.description:
+            notes.append(f"{name}", style="bold").append(f": {p.description}\n", style="dim")
+    notes.rstrip()
+    return Group(table, notes) if notes else Group(table)
+
+
+def _source(preset: Preset, base: Preset | None) -> str:
+    if base is not None and base.source != preset.source:
+        return f"{preset.source} (over {base.source})"
+    return preset.source

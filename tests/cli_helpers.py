@@ -1,0 +1,81 @@
+"""Plain helpers for the CLI tests: generated clips, a corpus of bad files, a runner for the
+installed `specdec` command. (The fixtures are in cli_fixtures.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+SR = 16000
+# Small enough to keep every run of the tiny pair well under a second.
+FAST = ["--max-new-tokens", "12"]
+
+
+def tone(seconds: float = 1.0, sr: int = SR, channels: int = 1, amplitude: float = 0.3, seed: int = 0) -> np.ndarray:
+    """A voiced-ish test signal: a 140 Hz tone with a little noise. [frames] or [frames, channels]."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(sr * seconds)) / sr
+    x = amplitude * np.sin(2 * np.pi * (140 + 20 * seed) * t) + amplitude * 0.1 * rng.standard_normal(t.shape)
+    x = x.astype(np.float32)
+    return x if channels == 1 else np.stack([x * (0.5 + 0.5 * c / channels) for c in range(channels)], axis=1)
+
+
+def write_clip(path: Path, seconds: float = 1.0, sr: int = SR, channels: int = 1, subtype: str | None = None,
+               amplitude: float = 0.3, seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), tone(seconds, sr, channels, amplitude, seed), sr, subtype=subtype)
+    return path
+
+
+def bad_corpus(root: Path) -> dict[str, tuple[Path, str]]:
+    """One file per kind of bad input: kind -> (path, a phrase the error message must contain)."""
+    root.mkdir(parents=True, exist_ok=True)
+    files: dict[str, tuple[Path, str]] = {}
+    empty = root / "empty.wav"
+    empty.write_bytes(b"")
+    files["empty"] = (empty, "empty (0 bytes)")
+    text = root / "notes.wav"
+    text.write_text("this is not audio, just text with a .wav name\n" * 20)
+    files["not_audio"] = (text, "cannot decode")
+    files["too_short"] = (write_clip(root / "short.wav", seconds=0.05), "at least 0.1 s")
+    nan = tone(0.5)
+    nan[100] = np.nan
+    sf.write(str(root / "nan.wav"), nan, SR, subtype="FLOAT")
+    files["nan"] = (root / "nan.wav", "NaN or infinite")
+    inf = tone(0.5)
+    inf[10] = np.inf
+    sf.write(str(root / "inf.wav"), inf, SR, subtype="FLOAT")
+    files["inf"] = (root / "inf.wav", "NaN or infinite")
+    # 31 s at 1 kHz keeps the file small; the limit is on duration, whatever the rate.
+    files["too_long"] = (write_clip(root / "long.wav", seconds=31, sr=1000), "at most 30 s")
+    files["silent"] = (write_clip(root / "silent.wav", amplitude=0.0), "silent")
+    sf.write(str(root / "no_samples.wav"), np.zeros(0, dtype=np.float32), SR)
+    files["no_samples"] = (root / "no_samples.wav", "no audio samples")
+    return files
+
+
+def specdec_exe() -> str:
+    """The installed console script of this venv (pip install -e .)."""
+    exe = Path(sys.executable).parent / "specdec"
+    if not exe.exists():
+        pytest.skip("the specdec console script is not installed (pip install -e .)")
+    return str(exe)
+
+
+def subprocess_env() -> dict[str, str]:
+    # One thread per child keeps the shared machine responsive; offline so no path ever hits the Hub.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PYTHONIOENCODING="utf-8")
+    env.pop("SPECDEC_DEBUG", None)
+    return env
+
+
+def run_specdec(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([specdec_exe(), *args], capture_output=True, text=True, encoding="utf-8",
+                          env=subprocess_env(), timeout=timeout, cwd=cwd)

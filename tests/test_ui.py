@@ -1,0 +1,164 @@
+"""The Live view and the panels, rendered into a string by a forced-terminal Rich console."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from specdec_cli import ui
+from specdec_cli.decoding import DecodingConfig
+from specdec_cli.decoding.loop import BlockEvent
+from specdec_cli.models import ModelPair
+from specdec_cli.pipeline import Describer
+from specdec_cli.presets import Preset
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def console(width: int = 110) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=True, width=width, color_system="truecolor"), buf
+
+
+def plain(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    """One id per character (the test tokenizer would also match whole phrases like 女声)."""
+    return [tokenizer.convert_tokens_to_ids(ch) for ch in text]
+
+
+@pytest.fixture
+def events(tokenizer):
+    """Block 1 kept on the edge; block 2 escalated, one accepted then a recovered token;
+    block 3 escalated, all accepted plus a bonus token."""
+    a, b, c = ids(tokenizer, "说话人"), ids(tokenizer, "是女声"), ids(tokenizer, "语速")
+    e1 = BlockEvent(0, a, [0.40, 0.30, 0.20], 0.90, False, "", accepted=3, answer=a)
+    e2 = BlockEvent(1, b, [1.10, 2.60, 2.90], 6.60, True, "entropy", accepted=1, correction=b[1],
+                    correction_kind="recovered", cloud_tokens=4, answer=a + b[:2])
+    e3 = BlockEvent(2, c, [3.50, 3.00], 6.50, True, "entropy", accepted=2, correction=c[0],
+                    correction_kind="bonus", cloud_tokens=3, answer=a + b[:2] + c + c[:1], done=True)
+    return [e1, e2, e3]
+
+
+def test_block_panel_shows_tokens_entropies_marks_and_counts(tokenizer, events):
+    cfg = DecodingConfig(threshold=5.75, k=3)
+    con, buf = console()
+    view = ui.LiveView(con, tokenizer, cfg, title="clip.wav")
+    for e in events[:2]:
+        view.on_block(e)
+    con.print(view.render())
+    out = plain(buf.getvalue())
+    assert "说话人是女▌" in out                      # the sentence so far
+    assert "draft" in out and "是" in out and "女" in out and "声" in out
+    assert "1.10" in out and "2.60" in out and "2.90" in out  # per-token entropies
+    assert f"{ui.ACCEPTED}" in out and f"{ui.REJECTED}" in out and f"{ui.DISCARDED}" in out
+    assert "cloud recovered" in out
+    assert "block 2: ΣH 6.60 > 5.75" in out and "→ cloud (uncertain): 1/3 accepted" in out
+    assert "threshold ΣH > 5.75" in out            # the threshold is on screen
+    assert "cloud calls 1" in out and "acceptance 33% (1/3)" in out and "tok/s" in out
+
+
+def test_bonus_block_and_running_counts(tokenizer, events):
+    con, buf = console()
+    view = ui.LiveView(con, tokenizer, DecodingConfig(threshold=5.75, k=3))
+    for e in events:
+        view.on_block(e)
+    con.print(view.render())
+    out = plain(buf.getvalue())
+    assert "cloud bonus" in out
+    assert "cloud calls 2" in out and "acceptance 60% (3/5)" in out and "8 tokens" in out
+
+
+def test_kept_block_has_unverified_marks(tokenizer, events):
+    con, buf = console()
+    view = ui.LiveView(con, tokenizer, DecodingConfig(threshold=5.75, k=3))
+    view.on_block(events[0])
+    con.print(view.render())
+    out = plain(buf.getvalue())
+    assert "kept on the edge" in out and ui.UNVERIFIED in out
+    assert "cloud calls 0" in out and "acceptance –" in out
+
+
+def test_entropy_colour_is_relative_to_the_threshold():
+    cfg = DecodingConfig(threshold=6.0, k=3, uncertainty="sum")
+    budget = ui.token_budget(cfg, 3)
+    assert budget == 2.0  # the sum threshold is shared by the block's tokens
+    assert ui.entropy_style(0.5, budget) == "green"
+    assert ui.entropy_style(1.5, budget) == "yellow"
+    assert ui.entropy_style(2.5, budget) == "bold red"
+    assert ui.token_budget(cfg.with_(uncertainty="max"), 3) == 6.0
+    assert ui.entropy_style(5.0, ui.token_budget(cfg.with_(threshold=float("inf")), 3)) == "green"
+
+
+def test_entropies_are_coloured_in_the_terminal(tokenizer, events):
+    con, buf = console()
+    view = ui.LiveView(con, tokenizer, DecodingConfig(threshold=5.75, k=3))
+    view.on_block(events[1])
+    con.print(view.render())
+    raw = buf.getvalue()
+    assert "\x1b[" in raw  # ANSI colour codes reach the terminal
+    assert re.search(r"\x1b\[[0-9;]*31m2\.60|\x1b\[1;31m2\.60", raw)  # over its share: red
+
+
+def test_live_context_renders_frames(tokenizer, events):
+    """The real Live machinery, on a forced terminal: every block is drawn at least once."""
+    con, buf = console()
+    with ui.LiveView(con, tokenizer, DecodingConfig(threshold=5.75, k=3), title="live") as view:
+        for e in events:
+            view.on_block(e)
+    out = plain(buf.getvalue())
+    for n in (1, 2, 3):
+        assert f"block {n}:" in out
+    assert "cloud calls 2" in out
+
+
+def test_disabled_view_draws_nothing(tokenizer, events):
+    con, buf = console()
+    with ui.LiveView(con, tokenizer, DecodingConfig(), enabled=False) as view:
+        for e in events:
+            view.on_block(e)
+    assert buf.getvalue() == ""
+
+
+def test_live_view_follows_the_real_decoder(tokenizer, processor, edge, cloud, masks, eos_ids):
+    """Fed by the engine's own events, the view's cloud-call count matches the engine's counter."""
+    pair = ModelPair(edge, cloud, processor, masks, eos_ids, "edge", "cloud")
+    from conftest import clip
+
+    cfg = DecodingConfig(max_new_tokens=12, threshold=12.0, k=3)
+    con, buf = console()
+    with ui.LiveView(con, tokenizer, cfg) as view:
+        desc = Describer(pair).run(clip(1), cfg, on_block=view.on_block)
+    out = plain(buf.getvalue())
+    assert f"cloud calls {desc.result.stats.cloud_calls} " in out
+    assert f"{desc.result.stats.tokens} tokens" in out
+    last = desc.result.events[-1]
+    assert f"block {last.index + 1}:" in out
+
+
+def test_summary_panel(tokenizer):
+    record = {"file": "a.wav", "description": "说话人是女声。", "mode": "spec", "preset": "fluent",
+              "threshold": 5.75, "k": 4, "verify": "entropy", "tokens": 9, "drafted_tokens": 12,
+              "accepted_tokens": 8, "acceptance_rate": 0.5, "cloud_calls": 3, "cloud_call_rate": 1 / 3,
+              "latency_s": 0.42, "tokens_per_s": 21.4, "latency_modelled_s": 0.72}
+    con, buf = console()
+    con.print(ui.summary_panel(record))
+    out = plain(buf.getvalue())
+    for text in ("说话人是女声。", "spec (preset fluent)", "3 (0.33 per token)", "50% of verified drafts",
+                 "8/12 drafts kept", "0.42 s", "modelled with network: 0.72 s", "21.4"):
+        assert text in out
+
+
+def test_presets_table_names_sources():
+    base = {"fluent": Preset("fluent", {"threshold": 5.75, "k": 4}, "configs/fluent.toml", "fewer calls")}
+    merged = {"fluent": Preset("fluent", {"threshold": 2.0, "k": 4}, "/m/specdec_presets.toml", "fewer calls"),
+              "never": Preset("never", {"threshold": float("inf")}, "/m/specdec_presets.toml")}
+    con, buf = console(width=200)
+    con.print(ui.presets_table(merged, base))
+    out = plain(buf.getvalue())
+    assert "(over configs/fluent.toml)" in out and "∞" in out and "never" in out
