@@ -1,0 +1,143 @@
+"""`specdec eval DIR --labels labels.jsonl`: every mode on the same labelled clips, in one process.
+
+Thin: parse options, load the pair once, run `evaluate.run_eval` under a progress bar, print the
+table, write the report and the plot. Registered by the CLI as `app.command("eval")(eval_command)`.
+Human output goes to stderr; `--json` puts the report (one JSON object) on stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from . import evaluate
+from .errors import InputError
+from .models import load_pair
+from .pipeline import Describer
+
+
+def _tables(report: dict[str, Any]) -> list[Table]:
+    rtt = bool(report["settings"].get("cloud_rtt_ms"))
+    tables = []
+    for title, cols in evaluate.summary_tables(rtt):
+        table = Table(title=f"{title} · {report['clips']} clips", title_style="bold", box=box.SIMPLE_HEAD)
+        for i, (header, _) in enumerate(cols):
+            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        for s in report["modes"]:
+            table.add_row(*(cell(s) for _, cell in cols))
+        tables.append(table)
+    return tables
+
+
+def _frontier_table(report: dict[str, Any]) -> Table | None:
+    fr = report.get("frontier")
+    if not fr:
+        return None
+    table = Table(title=f"threshold sweep (k = {fr['k']})", title_style="bold", box=box.SIMPLE_HEAD)
+    for header in ("threshold", "calls/token", "accuracy", "all six", "valid", "speedup"):
+        table.add_column(header, justify="right")
+    f = evaluate.fmt
+    for p in fr["points"]:
+        table.add_row(f(p["threshold"], 2), f(p["cloud_call_rate"]), f(p["mean_accuracy"], pct=True),
+                      f(p["all_correct_rate"], pct=True), f(p["valid_rate"], pct=True), f(p["speedup"], 2))
+    return table
+
+
+def eval_command(
+    directory: Annotated[Path, typer.Argument(help="Folder of clips; the labels file names them relative to it.",
+                                              metavar="DIR", show_default=False)],
+    labels: Annotated[Path | None, typer.Option(
+        help="labels.jsonl: one {\"file\": ..., \"labels\": {gender, rate, pitch, volume, pauses, emotion}} "
+             "per line. Default: DIR/labels.jsonl.", show_default=False)] = None,
+    modes: Annotated[str, typer.Option(
+        help="Comma list of modes to run: edge, cloud, fluent, quality, always (spec with every block verified).")
+    ] = ",".join(evaluate.MODE_NAMES),
+    report: Annotated[Path | None, typer.Option(
+        help="Write the report here as JSON, and as Markdown beside it (same stem, .md).", show_default=False)] = None,
+    sweep: Annotated[str | None, typer.Option(
+        help="Also run the spec mode over a threshold range, e.g. threshold=1:8:8 (START:STOP:COUNT); "
+             "the cost-quality frontier goes into the report.", show_default=False)] = None,
+    k: Annotated[int | None, typer.Option(
+        help="Draft block length for every spec mode and the sweep (default: from the presets; "
+             "always and the sweep use the quality preset's).", show_default=False)] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="Draw the frontier (cloud calls per token vs accuracy) to this PNG. Needs matplotlib "
+             "(the plot extra of specdec).", show_default=False)] = None,
+    cloud_rtt_ms: Annotated[float, typer.Option(
+        help="Modelled edge-cloud round trip: added once per cloud call to spec modes and once per clip "
+             "to cloud-only in the modelled latency (computed, never slept).")] = 0.0,
+    limit: Annotated[int | None, typer.Option(help="Only the first N labelled clips.", show_default=False)] = None,
+    edge: Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
+                                             show_default=False)] = None,
+    cloud: Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id (default: bundled demo cloud).",
+                                              show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="Torch device for both models.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.")] = "float32",
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens per description.")] = 64,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")] = False,
+) -> None:
+    """Score edge-only, cloud-only and the speculative modes on labelled clips: accuracy per
+    attribute, sentence validity, cloud calls, latency and speedup."""
+    err = Console(stderr=True)
+    # Validate everything the user typed before spending time on loading models.
+    if max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if cloud_rtt_ms < 0:
+        raise InputError(f"--cloud-rtt-ms must be >= 0, got {cloud_rtt_ms:g}")
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}")
+    if report is not None and report.suffix == ".md":
+        raise InputError(f"--report {report} must not end in .md: the Markdown version is written beside it")
+    mode_names = evaluate.parse_modes(modes)
+    thresholds = evaluate.parse_sweep(sweep) if sweep else []
+    labels_path = labels if labels is not None else directory / "labels.jsonl"
+    clips = evaluate.read_labels(labels_path, directory)[:limit]
+    if plot is not None:
+        from . import plots
+
+        plots.require_matplotlib()  # fail now, not after an hour of decoding, if matplotlib is missing
+
+    with err.status("loading models…"):
+        pair = load_pair(edge, cloud, device, dtype)
+    eval_modes = evaluate.mode_configs(mode_names, pair.presets_file, max_new_tokens, k, thresholds)
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=err, transient=True)
+    with progress:
+        task = progress.add_task("evaluating", total=len(clips) * len(eval_modes))
+
+        def on_record(record: dict[str, Any]) -> None:
+            progress.update(task, advance=1, description=f"{record['eval_mode']:>8} {record['file']}")
+            if record["error"]:
+                progress.console.print(Text.assemble(("warning: ", "yellow"),
+                                                     f"{record['eval_mode']} {record['file']}: {record['error']}"))
+
+        records = evaluate.run_eval(Describer(pair), clips, eval_modes, cloud_rtt_ms, on_record)
+
+    settings = {"modes": mode_names, "sweep": sweep, "k": k, "max_new_tokens": max_new_tokens,
+                "cloud_rtt_ms": cloud_rtt_ms, "device": device, "dtype": dtype,
+                "configs": {m.name: m.cfg.as_dict() for m in eval_modes}}
+    result = evaluate.build_report(records, eval_modes, edge=pair.edge_id, cloud=pair.cloud_id,
+                                   samples=str(directory), labels=str(labels_path), settings=settings)
+
+    for table in _tables(result):
+        err.print(table)
+    if (fr_table := _frontier_table(result)) is not None:
+        err.print(fr_table)
+    if report is not None:
+        json_path, md_path = evaluate.write_report(result, report)
+        err.print(f"report: {json_path} · {md_path}", markup=False)
+    if plot is not None:
+        from . import plots
+
+        err.print(f"plot: {plots.plot_frontier(result, plot)}", markup=False)
+    if json_out:
+        sys.stdout.write(evaluate.report_json(result, indent=None) + "\n")  # one line, for jq and pipes

@@ -1,0 +1,478 @@
+"""Evaluation: score descriptions by the canonical phrases, run several modes over labelled clips,
+aggregate accuracy and cost per mode, and write the report (JSON + Markdown).
+
+Layers: `score` and `sentence_valid` judge one text; `summarize` turns per-clip records into one
+row per mode; `run_eval` drives the models (through `Describer`, so every mode is measured the way
+`describe` and `batch` measure it); `build_report` / `write_report` produce the files. Nothing here
+prints: the command (eval_command.py) owns the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .audio import load_audio
+from .decoding import DecodingConfig
+from .errors import InputError
+from .metrics import build_record, immediate_repeats, modelled_latency
+from .phrases import ATTRIBUTES, predict
+from .pipeline import Describer
+from .presets import resolve
+
+SENTENCE_ENDS = "。！？"
+MODE_NAMES = ("edge", "cloud", "fluent", "quality", "always")
+BASELINE = "cloud"  # speedups are against cloud-only: the system we are trying to undercut
+
+
+# -- scoring one description ---------------------------------------------------------------------
+
+def sentence_valid(text: str | None) -> bool:
+    """Exactly one sentence: ends with one of 。！？ and holds no other sentence end."""
+    if not text:
+        return False
+    text = text.strip()
+    return text[-1] in SENTENCE_ENDS and not any(c in SENTENCE_ENDS for c in text[:-1])
+
+
+def score(description: str | None, labels: dict[str, str]) -> dict[str, Any]:
+    """Judge one description against its labels. An attribute is correct when exactly one of its
+    phrases occurs and it is the labelled one: two phrases (ambiguous) or none (missing) are wrong."""
+    predicted = predict(description or "")
+    correct = {attr: predicted[attr] is not None and predicted[attr] == labels.get(attr) for attr in ATTRIBUTES}
+    return {
+        "predicted": predicted,
+        "correct": correct,
+        "all_correct": all(correct.values()),
+        "valid": sentence_valid(description),
+        "immediate_repeats": immediate_repeats(description or ""),
+    }
+
+
+# -- labels and clips ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LabelledClip:
+    file: str               # as written in the labels file (relative to the clips folder)
+    path: Path
+    labels: dict[str, str]  # attribute -> canonical phrase, all six
+
+
+def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
+    """Parse labels.jsonl (`{"file": ..., "labels": {attr: phrase}}` per line). Every line must name
+    an existing clip and label all six attributes with canonical phrases: a half-labelled set would
+    make per-attribute accuracies incomparable, so it is refused up front, before models load."""
+    if not labels_path.is_file():
+        raise InputError(f"labels file not found: {labels_path}")
+    if not directory.is_dir():
+        raise InputError(f"clips folder not found: {directory}")
+    clips: list[LabelledClip] = []
+    for n, line in enumerate(labels_path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{labels_path}:{n}"
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("labels"), dict):
+            raise InputError(f'{where}: expected {{"file": "x.wav", "labels": {{...}}}}')
+        labels = entry["labels"]
+        for attr, phrases in ATTRIBUTES.items():
+            if attr not in labels:
+                raise InputError(f"{where}: no label for {attr!r}; label all of {', '.join(ATTRIBUTES)}")
+            if labels[attr] not in phrases:
+                raise InputError(f"{where}: {attr} label {labels[attr]!r} is not one of {' · '.join(phrases)}")
+        path = directory / entry["file"]
+        if not path.is_file():
+            raise InputError(f"{where}: clip not found: {path}")
+        clips.append(LabelledClip(entry["file"], path, {a: labels[a] for a in ATTRIBUTES}))
+    if not clips:
+        raise InputError(f"{labels_path} lists no clips")
+    return clips
+
+
+# -- modes ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EvalMode:
+    name: str                 # "edge", "fluent", "t=3.25" (a sweep point; unique per threshold)
+    cfg: DecodingConfig
+    preset: str | None = None
+    sweep: bool = False
+
+
+def parse_modes(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODE_NAMES]
+    if unknown or not names:
+        raise InputError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; choose from {','.join(MODE_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
+def parse_sweep(text: str) -> list[float]:
+    """`threshold=a:b:n` -> n evenly spaced thresholds from a to b (inclusive)."""
+    name, _, spec = text.partition("=")
+    parts = spec.split(":")
+    if name.strip() != "threshold" or len(parts) != 3:
+        raise InputError(f"bad --sweep {text!r}; use threshold=START:STOP:COUNT, e.g. threshold=1:8:8")
+    try:
+        start, stop, count = float(parts[0]), float(parts[1]), int(parts[2])
+    except ValueError:
+        raise InputError(f"bad --sweep {text!r}: START and STOP are numbers, COUNT an integer") from None
+    if count < 1 or not (math.isfinite(start) and math.isfinite(stop)) or min(start, stop) < 0:
+        raise InputError(f"bad --sweep {text!r}: thresholds are finite and >= 0, COUNT >= 1")
+    return list(dict.fromkeys(round(float(t), 6) for t in np.linspace(start, stop, count)))
+
+
+def _preset_cfg(name: str, presets_file: Path | None, base: DecodingConfig, k: int | None) -> DecodingConfig:
+    values = dict(resolve(name, presets_file).values)
+    if k is not None:
+        values["k"] = k
+    return base.with_(mode="spec", **values)
+
+
+def mode_configs(names: Sequence[str], presets_file: Path | None, max_new_tokens: int,
+                 k: int | None = None, thresholds: Sequence[float] = ()) -> list[EvalMode]:
+    """The configs behind each mode name, plus one spec mode per sweep threshold. `always` and the
+    sweep take the quality preset's k and uncertainty (the sweep varies only the threshold); `k`
+    overrides the block length of every spec mode."""
+    base = DecodingConfig(max_new_tokens=max_new_tokens)
+    if k is not None and k < 1:
+        raise InputError(f"--k must be at least 1, got {k}")
+    modes: list[EvalMode] = []
+    for name in names:
+        if name in ("edge", "cloud"):
+            modes.append(EvalMode(name, base.with_(mode=name)))
+        elif name in ("fluent", "quality"):
+            modes.append(EvalMode(name, _preset_cfg(name, presets_file, base, k), name))
+        elif name == "always":
+            modes.append(EvalMode(name, _preset_cfg("quality", presets_file, base, k).with_(verify="always"), "quality"))
+        else:
+            raise InputError(f"unknown mode {name!r}; choose from {','.join(MODE_NAMES)}")
+    if thresholds:
+        quality = _preset_cfg("quality", presets_file, base, k).with_(verify="entropy")
+        modes += [EvalMode(f"t={t}", quality.with_(threshold=t), "quality", sweep=True) for t in thresholds]
+    return modes
+
+
+# -- running -------------------------------------------------------------------------------------
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def evaluate_clip(describer: Describer, clip: LabelledClip, audio: np.ndarray, mode: EvalMode,
+                  rtt_ms: float = 0.0) -> dict[str, Any]:
+    """Describe one clip in one mode and score it: a result record (metrics.build_record) with the
+    scores and the modelled latency added. A decoding failure becomes the record's `error` (scored
+    as all wrong) rather than aborting an evaluation that may have run for an hour."""
+    try:
+        out = describer.run(audio, mode.cfg)
+    except Exception as exc:  # any engine failure is reported per clip, like batch does
+        record = build_record(clip.file, None, None, mode.cfg, mode.preset, None, _one_line(exc))
+        return {**record, "eval_mode": mode.name, "labels": clip.labels, **score(None, clip.labels),
+                "modelled_latency_s": None}
+    s = out.result.stats
+    record = build_record(clip.file, out.text, out.result, mode.cfg, mode.preset, out.latency_s)
+    return {
+        **record,
+        "eval_mode": mode.name,
+        "labels": clip.labels,
+        **score(out.text, clip.labels),
+        "modelled_latency_s": modelled_latency(out.latency_s, mode.cfg.mode, s.cloud_calls, rtt_ms),
+        # Pooled acceptance needs the counts, not per-clip rates (a 1-block clip would weigh as
+        # much as a 20-block one).
+        "verified_drafted": s.verified_drafted,
+        "verified_accepted": s.verified_accepted,
+    }
+
+
+def warm_up(describer: Describer, audio: np.ndarray) -> None:
+    """One short untimed run per model, so one-off costs (lazy kernels, allocator growth) land on
+    no mode's latency, in particular not on whichever mode happens to run first."""
+    for mode in ("edge", "cloud"):
+        describer.run(audio, DecodingConfig(mode=mode, max_new_tokens=2, min_new_tokens=0))
+
+
+def run_eval(describer: Describer, clips: Sequence[LabelledClip], modes: Sequence[EvalMode],
+             rtt_ms: float = 0.0, on_record: Callable[[dict[str, Any]], None] | None = None,
+             ) -> list[dict[str, Any]]:
+    """Every mode on every clip, one record each. Clips are read (and validated, as `describe`
+    does) once, before any decoding; modes run one after another over all clips so each mode's
+    latencies are taken under the same conditions."""
+    processor = describer.pair.processor
+    audios = [load_audio(c.path, processor.sampling_rate, processor.max_seconds) for c in clips]
+    warm_up(describer, audios[0])
+    records: list[dict[str, Any]] = []
+    for mode in modes:
+        for clip, audio in zip(clips, audios, strict=True):
+            record = evaluate_clip(describer, clip, audio, mode, rtt_ms)
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+    return records
+
+
+# -- aggregation ---------------------------------------------------------------------------------
+
+def latency_stats(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean, median and 95th percentile (linear interpolation, numpy's default)."""
+    if not values:
+        return {"mean": None, "p50": None, "p95": None}
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95))}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, Any]:
+    """One row for one mode. Quality rates count every clip (a failed clip is wrong and invalid);
+    cost and latency average the clips that produced a result. Counts are per clip (means);
+    cloud_call_rate and acceptance_rate are pooled over all tokens / all verified drafts."""
+    n = len(records)
+    ok = [r for r in records if r["error"] is None]
+    tokens = sum(r["tokens"] for r in ok)
+    calls = sum(r["cloud_calls"] for r in ok)
+    drafted = sum(r.get("verified_drafted", 0) for r in ok)
+    accepted = sum(r.get("verified_accepted", 0) for r in ok)
+    accuracy = {a: (sum(r["correct"][a] for r in records) / n if n else None) for a in ATTRIBUTES}
+    spec = mode.cfg.mode == "spec"
+    threshold = mode.cfg.threshold if spec else None
+    return {
+        "mode": mode.name,
+        "sweep": mode.sweep,
+        "decoding": mode.cfg.mode,
+        "preset": mode.preset,
+        "threshold": ("inf" if threshold == float("inf") else threshold),
+        "k": mode.cfg.k if spec else None,
+        "verify": mode.cfg.verify if spec else None,
+        "clips": n,
+        "errors": n - len(ok),
+        "accuracy": accuracy,
+        "mean_accuracy": _mean([v for v in accuracy.values() if v is not None]),
+        "all_correct_rate": (sum(r["all_correct"] for r in records) / n) if n else None,
+        "valid_rate": (sum(r["valid"] for r in records) / n) if n else None,
+        "immediate_repeats": sum(r["immediate_repeats"] for r in records),
+        "punct_density": _mean([r["punct_density"] for r in ok]),
+        "repeat_rate": _mean([r["repeat_rate"] for r in ok]),
+        "tokens": _mean([r["tokens"] for r in ok]),
+        "cloud_calls": _mean([r["cloud_calls"] for r in ok]),
+        "cloud_call_rate": calls / tokens if tokens else (0.0 if ok else None),
+        "cloud_tokens": _mean([r["cloud_tokens"] for r in ok]),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "escalations": _mean([r["escalations"] for r in ok]) if spec else None,
+        # Forward passes after prefill, per clip; for cloud and spec modes cloud_forwards is
+        # cloud_calls under the name a reader of a cost table looks for.
+        "edge_forwards": _mean([r["edge_forwards"] for r in ok]),
+        "cloud_forwards": _mean([r["cloud_calls"] for r in ok]),
+        "latency_s": latency_stats([r["latency_s"] for r in ok]),
+        "modelled_latency_s": latency_stats([r["modelled_latency_s"] for r in ok]),
+        "speedup": None,
+        "modelled_speedup": None,
+    }
+
+
+def add_speedups(summaries: list[dict[str, Any]], baseline: str = BASELINE) -> None:
+    """speedup = baseline mean latency / this mode's mean latency (>1 is faster), raw and modelled.
+    Left None when the baseline mode was not run."""
+    base = next((s for s in summaries if s["mode"] == baseline), None)
+    if base is None:
+        return
+    for s in summaries:
+        s["speedup"] = _ratio(base["latency_s"]["mean"], s["latency_s"]["mean"])
+        s["modelled_speedup"] = _ratio(base["modelled_latency_s"]["mean"], s["modelled_latency_s"]["mean"])
+
+
+def summarize_all(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode]) -> list[dict[str, Any]]:
+    rows = [summarize([r for r in records if r["eval_mode"] == m.name], m) for m in modes]
+    add_speedups(rows)
+    return rows
+
+
+def _point(s: dict[str, Any]) -> dict[str, Any]:
+    return {"mode": s["mode"], "threshold": s["threshold"], "k": s["k"], "cloud_call_rate": s["cloud_call_rate"],
+            "mean_accuracy": s["mean_accuracy"], "all_correct_rate": s["all_correct_rate"],
+            "valid_rate": s["valid_rate"], "latency_mean_s": s["latency_s"]["mean"],
+            "modelled_latency_mean_s": s["modelled_latency_s"]["mean"], "speedup": s["speedup"]}
+
+
+def frontier(summaries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cost-quality frontier: sweep points (cloud calls per token vs mean accuracy) and the
+    named modes as reference points. None when no sweep ran."""
+    sweep = [s for s in summaries if s.get("sweep")]
+    if not sweep:
+        return None
+    named = [s for s in summaries if not s.get("sweep")]
+    return {
+        "parameter": "threshold",
+        "k": sweep[0]["k"],
+        "points": [_point(s) for s in sorted(sweep, key=lambda s: s["threshold"])],
+        "references": {s["mode"]: _point(s) for s in named},
+    }
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+def build_report(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode], *, edge: str, cloud: str,
+                 samples: str, labels: str, settings: dict[str, Any]) -> dict[str, Any]:
+    summaries = summarize_all(records, modes)
+    return {
+        "specdec_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "edge": edge,
+        "cloud": cloud,
+        "samples": samples,
+        "labels": labels,
+        "clips": len({r["file"] for r in records}),
+        "settings": settings,
+        "modes": [s for s in summaries if not s["sweep"]],
+        "frontier": frontier(summaries),
+        "records": list(records),
+    }
+
+
+def fmt(value: Any, digits: int = 3, pct: bool = False) -> str:
+    """A table cell: – for missing, fixed digits for floats, a percentage when `pct`."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value * 100:.1f}%" if pct else f"{value:.{digits}f}"
+    return str(value)
+
+
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def summary_tables(rtt: bool) -> list[tuple[str, list[Column]]]:
+    """(title, [(header, cell)]) for the mode summary, in three narrow tables (quality, cost,
+    latency) that fit a terminal; shared by the Rich tables and the Markdown report."""
+    def lat(key: str, q: str) -> Callable[[dict[str, Any]], str]:
+        return lambda s: fmt(s[key][q])
+
+    quality: list[Column] = [
+        ("mode", lambda s: s["mode"]),
+        ("accuracy", lambda s: fmt(s["mean_accuracy"], pct=True)),
+        ("all six", lambda s: fmt(s["all_correct_rate"], pct=True)),
+        ("one sentence", lambda s: fmt(s["valid_rate"], pct=True)),
+        ("repeats", lambda s: fmt(s["immediate_repeats"])),
+        ("punct", lambda s: fmt(s["punct_density"], 2)),
+        ("rep. rate", lambda s: fmt(s["repeat_rate"], 2)),
+        ("errors", lambda s: fmt(s["errors"])),
+    ]
+    cost: list[Column] = [
+        ("mode", lambda s: s["mode"]),
+        ("tokens", lambda s: fmt(s["tokens"], 1)),
+        ("cloud calls", lambda s: fmt(s["cloud_calls"], 1)),
+        ("calls/tok", lambda s: fmt(s["cloud_call_rate"])),
+        ("cloud tok", lambda s: fmt(s["cloud_tokens"], 1)),
+        ("accept", lambda s: fmt(s["acceptance_rate"], pct=True)),
+        ("edge fwd", lambda s: fmt(s["edge_forwards"], 1)),
+    ]
+    latency: list[Column] = [
+        ("mode", lambda s: s["mode"]),
+        ("mean", lat("latency_s", "mean")),
+        ("p50", lat("latency_s", "p50")),
+        ("p95", lat("latency_s", "p95")),
+        ("speedup", lambda s: fmt(s["speedup"], 2)),
+    ]
+    if rtt:
+        # With the modelled link: p50 left out to keep the table within 80 columns.
+        latency += [
+            ("link mean", lat("modelled_latency_s", "mean")),
+            ("link p95", lat("modelled_latency_s", "p95")),
+            ("link speedup", lambda s: fmt(s["modelled_speedup"], 2)),
+        ]
+    return [("quality", quality), ("cost per clip (after prefill)", cost), ("latency (s)", latency)]
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: settings, the mode table, accuracy per attribute, the frontier."""
+    st = report["settings"]
+    rtt = bool(st.get("cloud_rtt_ms"))
+    lines = [
+        "# specdec eval",
+        "",
+        f"- edge: `{report['edge']}`",
+        f"- cloud: `{report['cloud']}`",
+        f"- clips: {report['clips']} from `{report['samples']}` (labels `{report['labels']}`)",
+        f"- max new tokens: {st.get('max_new_tokens')}; modelled link: {st.get('cloud_rtt_ms', 0):g} ms per cloud call",
+        f"- specdec {report['specdec_version']}, {report['created']}",
+        "",
+        "## Modes",
+        "",
+    ]
+    for title, cols in summary_tables(rtt):
+        lines += [f"### {title.capitalize()}", ""]
+        lines += _md_table([h for h, _ in cols], [[cell(s) for _, cell in cols] for s in report["modes"]])
+        lines += [""]
+    lines += ["Accuracy is the mean of the six per-attribute accuracies; *all six* is the share of clips with "
+              "every attribute right; *one sentence* the share ending in one 。！？ with no other; *repeats* "
+              "counts immediate CJK character repeats, *punct* is the mean punctuation density and *rep. rate* "
+              "the mean share of repeated 2-/3-grams. Cloud calls are the cloud's forward passes after "
+              "prefill (*calls/tok* per output token, *cloud tok* the tokens fed to it); *edge fwd* likewise "
+              "for the edge; *accept* is accepted / drafted over verified blocks. Latency is wall time per "
+              "clip in seconds (features + decoding, models loaded once); *link* adds the modelled round trip "
+              "per cloud call (once per clip for cloud-only). Speedup is cloud-only mean latency / the "
+              "mode's.", ""]
+    lines += ["## Accuracy per attribute", ""]
+    lines += _md_table(["mode", *ATTRIBUTES], [[s["mode"], *(fmt(s["accuracy"][a], pct=True) for a in ATTRIBUTES)]
+                                               for s in report["modes"]])
+    fr = report.get("frontier")
+    if fr:
+        lines += ["", f"## Cost–quality frontier (threshold sweep, k = {fr['k']})", ""]
+        rows = [[fmt(p["threshold"], 2), fmt(p["cloud_call_rate"]), fmt(p["mean_accuracy"], pct=True),
+                 fmt(p["all_correct_rate"], pct=True), fmt(p["valid_rate"], pct=True), fmt(p["speedup"], 2)]
+                for p in fr["points"]]
+        lines += _md_table(["threshold", "calls/token", "accuracy", "all six", "valid", "speedup"], rows)
+    return "\n".join(lines) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no Infinity/NaN: write them as strings, like the result record does for inf."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def report_json(report: dict[str, Any], indent: int | None = 2) -> str:
+    return json.dumps(_json_safe(report), ensure_ascii=False, indent=indent, allow_nan=False)
+
+
+def write_report(report: dict[str, Any], path: Path) -> tuple[Path, Path]:
+    """Write `path` (JSON) and the Markdown version beside it (same stem, .md)."""
+    md_path = path.with_suffix(".md")
+    if md_path == path:
+        raise InputError(f"--report {path} must not end in .md: the Markdown version is written beside it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report_json(report) + "\n", encoding="utf-8")
+        md_path.write_text(markdown(report), encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write the report {path}: {exc.strerror or exc}") from exc
+    return path, md_path
