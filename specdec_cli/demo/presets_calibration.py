@@ -70,7 +70,12 @@ def main(argv: list[str] | None = None) -> None:
 
     pair = load_pair(str(args.models / "edge"), str(args.models / "cloud"))
     data = Corpus("val", pair.processor)
-    idx = list(range(0, len(data), max(1, len(data) // args.clips)))[: args.clips]
+    # Choose on one third of the held-out clips, report on the other two thirds (never select
+    # and measure on the same clips).
+    step = max(1, len(data) // args.clips)
+    idx = list(range(0, len(data), step))[: args.clips]
+    chosen_set = set(idx)
+    test_idx = [i for i in range(len(data)) if i not in chosen_set]
     base = DecodingConfig(max_new_tokens=40)
 
     results: dict[str, dict] = {}
@@ -103,12 +108,27 @@ def main(argv: list[str] | None = None) -> None:
         lines += [f"[{name}]", f"threshold = {r['threshold']}", f"k = {k}", 'uncertainty = "sum"',
                   'verify = "entropy"',
                   f"# measured: accuracy {r['accuracy']:.1f}%, cloud calls per token {r['cloud_call_rate']:.3f}", ""]
+    test = {"edge": base.with_(mode="edge"), "cloud": base.with_(mode="cloud"),
+            "fluent": base.with_(k=4, threshold=fluent["threshold"]),
+            "quality": base.with_(k=6, threshold=quality["threshold"]),
+            "always": base.with_(k=6, verify="always")}
+    test_results = {name: run_mode(pair, data, test_idx, cfg) for name, cfg in test.items()}
+    md = [f"# Demo presets: calibration on {len(idx)} held-out clips, measured on the other {len(test_idx)}", "",
+          "| mode | k | threshold | mean accuracy | cloud calls / token |", "|---|---|---|---|---|"]
+    for name, r in test_results.items():
+        cfg = test[name]
+        thr = "-" if cfg.mode != "spec" else ("always" if cfg.verify == "always" else cfg.threshold)
+        md.append(f"| {name} | {cfg.k if cfg.mode == 'spec' else '-'} | {thr} | {r['accuracy']:.2f}% | "
+                  f"{r['cloud_call_rate']:.3f} |")
+        print(name, r, flush=True)
+    (args.models / "PRESETS.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     text = "\n".join(lines)
     for folder in ("edge", "cloud"):
         (args.models / folder / PRESETS_FILE).write_text(text, encoding="utf-8")
     report = {"clips": len(idx), "baselines": results,
               "sweep": {str(k): v for k, v in sweep.items()},
-              "chosen": {n: {"k": k, **r} for n, (k, r) in chosen.items()}}
+              "chosen": {n: {"k": k, **r} for n, (k, r) in chosen.items()},
+              "test_clips": len(test_idx), "test": test_results}
     (args.models / "presets_calibration.json").write_text(json.dumps(report, ensure_ascii=False, indent=1))
     print(text)
     assert not math.isnan(cloud_acc)
