@@ -199,7 +199,6 @@ class Session:
 
     def __init__(self, flags: Flags, err: Console) -> None:
         resolve(flags.preset, presets_file_for(flags.edge))  # an unknown preset fails before loading
-        _quiet_libraries()
         with err.status("loading models…") if err.is_terminal else nullcontext():
             self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype)
         preset = resolve(flags.preset, self.pair.presets_file)
@@ -263,6 +262,7 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Describe a speaker in one Chinese sentence with edge-cloud speculative decoding."""
+    _quiet_libraries()  # every command (eval included) keeps stderr to our own lines
 
 
 @app.command()

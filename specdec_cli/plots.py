@@ -92,7 +92,9 @@ def plot_frontier(report: dict[str, Any], path: str | Path) -> Path:
                    zorder=3, label=label)
     ax.set_xlabel("cloud calls per output token")
     ax.set_ylabel("mean attribute accuracy")
-    ax.set_ylim(-0.02, 1.02)
+    # Zoom on the accuracies we have (a 0–1 axis squeezes a 90–99% frontier into a line).
+    all_y = [p["mean_accuracy"] for p in points] + [s["mean_accuracy"] for s in named.values()]
+    ax.set_ylim(max(0.0, min(all_y) - 0.03), min(1.0, max(all_y)) + 0.015)
     ax.set_xlim(left=-0.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")

@@ -37,6 +37,14 @@ def _read(path: Path) -> dict:
         raise InputError(f"cannot read presets file {path}: {exc}") from exc
 
 
+def _shown(path: Path) -> str:
+    """A path as a user would type it: relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def load_presets(model_presets: Path | None = None) -> dict[str, Preset]:
     """All presets by name. A model folder's file replaces the values it names."""
     presets: dict[str, Preset] = {}
@@ -50,7 +58,7 @@ def load_presets(model_presets: Path | None = None) -> dict[str, Preset]:
                 continue
             base = presets.get(name, Preset(name, {}, "", ""))
             values = {**base.values, **{k: table[k] for k in PRESET_KEYS if k in table}}
-            presets[name] = Preset(name, values, str(model_presets), table.get("description", base.description))
+            presets[name] = Preset(name, values, _shown(model_presets), table.get("description", base.description))
     return presets
 
 
