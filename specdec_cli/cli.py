@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -29,9 +29,12 @@ from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError
 from .eval_command import eval_command
 from .metrics import build_record, modelled_latency
-from .models import ModelPair, load_pair, parse_dtype, presets_file_for
-from .pipeline import Describer, Description
+from .models import load_pair, parse_dtype, presets_file_for
 from .presets import Preset, load_presets, resolve
+
+if TYPE_CHECKING:
+    from .models import ModelPair
+    from .pipeline import Description
 
 PLOT_HINT = "plotting needs matplotlib: pip install 'specdec[plot]'"
 
@@ -205,6 +208,8 @@ class Session:
         self.cfg = _config(preset, flags.overrides)
         self.preset = preset.name if self.cfg.mode == "spec" else None
         self.rtt_ms = flags.rtt_ms
+        from .pipeline import Describer  # torch + transformers, loaded with the models
+
         self.describer = Describer(self.pair)
 
     def load(self, path: Path) -> np.ndarray:

@@ -20,8 +20,6 @@ from rich.text import Text
 
 from . import evaluate
 from .errors import InputError
-from .models import load_pair
-from .pipeline import Describer
 
 
 def _tables(report: dict[str, Any]) -> list[Table]:
@@ -104,6 +102,9 @@ def eval_command(
         from . import plots
 
         plots.require_matplotlib()  # fail now, not after an hour of decoding, if matplotlib is missing
+
+    from .models import load_pair  # torch + transformers: only once the cheap checks passed
+    from .pipeline import Describer
 
     with err.status("loading models…"):
         pair = load_pair(edge, cloud, device, dtype)

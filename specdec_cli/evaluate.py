@@ -15,18 +15,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import __version__
 from .audio import load_audio
-from .decoding import DecodingConfig
+from .decoding.config import DecodingConfig
 from .errors import InputError
 from .metrics import build_record, immediate_repeats, modelled_latency
 from .phrases import ATTRIBUTES, predict
-from .pipeline import Describer
 from .presets import resolve
+
+if TYPE_CHECKING:
+    from .pipeline import Describer
 
 SENTENCE_ENDS = "。！？"
 MODE_NAMES = ("edge", "cloud", "fluent", "quality", "always")

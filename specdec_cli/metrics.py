@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .decoding.config import DecodingConfig
-from .decoding.loop import DecodeResult
+
+if TYPE_CHECKING:
+    from .decoding.loop import DecodeResult
 
 RECORD_FIELDS = (
     "file", "description", "mode", "preset", "threshold", "k", "verify", "tokens", "drafted_tokens",

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    PreTrainedModel,
-    Qwen2_5OmniThinkerForConditionalGeneration,
-)
-
-from .decoding import VocabMasks
 from .errors import InputError, ModelError
-from .processor import AudioTextProcessor
+
+# torch and transformers are imported where models are loaded, not at import time: the CLI checks
+# flags, paths and presets (and answers --version) without paying seconds of imports first.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from .decoding import VocabMasks
+    from .processor import AudioTextProcessor
 
 DEMO_DIR = Path(__file__).parent / "demo" / "models"
 PRESETS_FILE = "specdec_presets.toml"
@@ -37,19 +36,27 @@ def demo_pair() -> tuple[str, str]:
     return str(edge), str(cloud)
 
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "auto": "auto"}
 
 
-def parse_dtype(name: str) -> torch.dtype | str:
+def parse_dtype(name: str) -> Any:
+    """A torch dtype (or "auto") for a --dtype value; InputError for anything else."""
     try:
-        return _DTYPES[name.lower()]
+        canonical = _DTYPES[name.lower()]
     except KeyError:
         raise InputError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, auto") from None
+    if canonical == "auto":
+        return canonical
+    import torch
+
+    return getattr(torch, canonical)
 
 
 def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
     """Load one model for decoding (eval mode, on `device`). Raises ModelError naming the path."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2_5OmniThinkerForConditionalGeneration
+
     try:
         config = AutoConfig.from_pretrained(path_or_id)
         kwargs = {"dtype": parse_dtype(dtype)}
@@ -69,6 +76,8 @@ def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> 
 
 
 def load_processor(path_or_id: str) -> AudioTextProcessor:
+    from .processor import AudioTextProcessor
+
     try:
         return AudioTextProcessor.from_pretrained(path_or_id)
     except Exception as exc:
@@ -129,5 +138,7 @@ def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "
     edge_model = load_model(edge, device, dtype)
     cloud_model = load_model(cloud, device, dtype)
     vocab = cloud_model.get_output_embeddings().weight.shape[0]
-    masks = VocabMasks.for_tokenizer(processor.tokenizer, vocab)
+    from .decoding.processors import VocabMasks as Masks  # lazy: transformers
+
+    masks = Masks.for_tokenizer(processor.tokenizer, vocab)
     return ModelPair(edge_model, cloud_model, processor, masks, eos_ids_for(processor.tokenizer), edge, cloud)

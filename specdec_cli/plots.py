@@ -11,9 +11,10 @@ import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .decoding import BlockEvent
+if TYPE_CHECKING:
+    from .decoding import BlockEvent
 from .errors import InputError
 
 # Fonts with CJK glyphs, in order of preference; the first installed one labels the tokens.

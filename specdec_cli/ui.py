@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -28,7 +28,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .decoding.config import DecodingConfig
-from .decoding.loop import BlockEvent
+
+if TYPE_CHECKING:
+    from .decoding.loop import BlockEvent
 from .presets import PRESET_KEYS, Preset
 
 ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
