@@ -16,7 +16,7 @@ immediate-repeat ban and the one-sentence stop have no HF equivalent and are wri
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import (
@@ -62,6 +62,18 @@ class VocabMasks:
     punct: torch.Tensor
     comma_like: torch.Tensor
     sentence_end: torch.Tensor
+    _copies: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def on(self, device: torch.device) -> VocabMasks:
+        """These masks on `device` (the baselines run processors on the model's device), copied
+        once per device."""
+        if self.content.device == torch.device(device):
+            return self
+        key = str(device)
+        if key not in self._copies:
+            self._copies[key] = VocabMasks(*(getattr(self, f.name).to(device) for f in fields(self)
+                                             if not f.name.startswith("_")))
+        return self._copies[key]
 
     @classmethod
     def from_texts(cls, texts: list[str], vocab_size: int) -> VocabMasks:
@@ -104,7 +116,7 @@ class _AnswerProcessor(LogitsProcessor):
     def content_history(self, row: torch.Tensor) -> torch.Tensor:
         """The answer's CJK content tokens (punctuation stripped), shape (1, n)."""
         answer = row[self.prompt_len:]
-        return answer[self.masks.content[answer]][None]
+        return answer[self.masks.on(row.device).content[answer]][None]
 
 
 class ContentRepetitionPenalty(_AnswerProcessor):
@@ -142,7 +154,7 @@ class NoImmediateRepeat(_AnswerProcessor):
         for b, ids in enumerate(input_ids):
             if ids.shape[0] > self.prompt_len:
                 last = int(ids[-1])
-                if self.masks.content[last]:
+                if self.masks.on(ids.device).content[last]:
                     scores[b, last] = -float("inf")
         return scores
 
@@ -164,15 +176,16 @@ class PunctuationGate(_AnswerProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         scores = scores.clone()
         v = scores.shape[-1]
+        masks = self.masks.on(scores.device)
         for b, ids in enumerate(input_ids):
             answer = ids[self.prompt_len:]
-            chars = self.masks.cjk_chars[answer]
-            marks = torch.nonzero(self.masks.punct[answer]).flatten()
+            chars = masks.cjk_chars[answer]
+            marks = torch.nonzero(masks.punct[answer]).flatten()
             since_mark = int(chars[int(marks[-1]) + 1:].sum()) if marks.numel() else int(chars.sum())
             if since_mark < self.comma_min_chars:
-                scores[b, self.masks.comma_like[:v]] = -float("inf")
+                scores[b, masks.comma_like[:v]] = -float("inf")
             if int(chars.sum()) < self.stop_min_chars:
-                scores[b, self.masks.sentence_end[:v]] -= self.stop_bias
+                scores[b, masks.sentence_end[:v]] -= self.stop_bias
         return scores
 
 
@@ -182,13 +195,13 @@ class SentenceEndCriteria(StoppingCriteria):
 
     def __init__(self, prompt_len: int, masks: VocabMasks, min_new_tokens: int) -> None:
         self.prompt_len = prompt_len
-        self.end = masks.sentence_end
+        self.masks = masks
         self.min_new_tokens = min_new_tokens
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs) -> torch.BoolTensor:
         new = input_ids.shape[1] - self.prompt_len
         last = input_ids[:, -1]
-        return self.end[last] & (new >= self.min_new_tokens)
+        return self.masks.on(last.device).sentence_end[last] & (new >= self.min_new_tokens)
 
 
 @dataclass

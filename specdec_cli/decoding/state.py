@@ -59,7 +59,9 @@ class ModelState:
             kwargs["position_ids"] = positions  # [3, 1, P]
         out = self.model(**kwargs, past_key_values=self.cache, use_cache=True)
         self.ids = input_ids[0].tolist()
-        self.last_logits = out.logits[0, -1].float()
+        # Token-level logic (processors, entropies, acceptance, the sampler's generator) runs on the
+        # CPU: only the rows we read cross from the accelerator, never the whole prompt's logits.
+        self.last_logits = out.logits[0, -1].float().cpu()
         self._check()
         return self.last_logits
 
@@ -77,7 +79,7 @@ class ModelState:
         self.ids.extend(int(t) for t in tokens)
         self.forwards += 1
         self.tokens_fed += n
-        logits = out.logits[0].float()  # [n, V]
+        logits = out.logits[0].float().cpu()  # [n, V]
         self.last_logits = logits[-1]
         self._check()
         return logits
