@@ -265,9 +265,16 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, show_default=False,
+                                                help="CPU threads for torch (default: torch's own choice). "
+                                                     "1 is often fastest for the tiny demo pair on a busy machine.")] = None,
 ) -> None:
     """Describe a speaker in one Chinese sentence with edge-cloud speculative decoding."""
     _quiet_libraries()  # every command (eval included) keeps stderr to our own lines
+    if threads is not None:
+        import torch  # only when asked: --version and flag errors stay instant
+
+        torch.set_num_threads(threads)
 
 
 @app.command()

@@ -244,3 +244,16 @@ def test_python_dash_m():
     proc = subprocess.run([sys.executable, "-m", "specdec_cli", "--version"], capture_output=True, text=True,
                           env=subprocess_env(), timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == f"specdec {__version__}"
+
+
+def test_threads_option_sets_torch_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(app, ["--threads", "1", "presets"])
+        assert result.exit_code == 0, result.output
+        assert torch.get_num_threads() == 1
+        assert CliRunner().invoke(app, ["--threads", "0", "presets"]).exit_code == 2
+    finally:
+        torch.set_num_threads(before)
