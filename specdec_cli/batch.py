@@ -21,14 +21,14 @@ current directory), so rerun from the same directory, or give an absolute DIR.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import InputError, SpecdecError
+from .errors import InputError, one_line
+from .metrics import json_safe
 
 
 def find_audio(root: Path, suffixes: tuple[str, ...], recursive: bool = False) -> list[Path]:
@@ -50,20 +50,9 @@ def clip_key(file: str) -> str:
     return os.path.normpath(os.path.abspath(file))
 
 
-def _json_safe(value: Any) -> Any:
-    # Strict JSON has no inf/NaN; a threshold of inf is spelled "inf" (as build_record does).
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def dumps_record(record: dict[str, Any]) -> str:
     """One record as one line of strict JSON (no newline)."""
-    return json.dumps(_json_safe(record), ensure_ascii=False, allow_nan=False)
+    return json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -162,14 +151,6 @@ class BatchSummary:
     failed: int = 0
     skipped: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (file, message)
-
-
-def one_line(exc: BaseException) -> str:
-    """A domain error's message; for anything else its type and the first line of its text."""
-    if isinstance(exc, SpecdecError):
-        return exc.message
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def pending(files: list[Path], results: ResultsFile) -> tuple[list[Path], int]:

@@ -26,7 +26,7 @@ from . import __version__, ui
 from .audio import audio_suffixes, check_path, load_audio
 from .batch import ResultsFile, dumps_record, find_audio, pending, run_batch
 from .decoding.config import DecodingConfig
-from .errors import InputError, SpecdecError
+from .errors import InputError, SpecdecError, one_line
 from .eval_command import eval_command
 from .metrics import build_record, modelled_latency
 from .models import load_pair, parse_dtype, presets_file_for
@@ -53,8 +53,7 @@ def report_error(exc: BaseException) -> int:
     if isinstance(exc, SpecdecError):
         sys.stderr.write(f"error: {exc.message}\n")
         return exc.exit_code
-    lines = str(exc).strip().splitlines()
-    detail = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    detail = one_line(exc)
     hint = "" if _debug() else " (set SPECDEC_DEBUG=1 for the traceback)"
     sys.stderr.write(f"error: unexpected {detail}{hint}\n")
     return 1

@@ -22,3 +22,12 @@ class ModelError(SpecdecError):
     """A model or processor that cannot be loaded, or a pair that does not fit together."""
 
     exit_code = 1
+
+
+def one_line(exc: BaseException) -> str:
+    """What to record or print for a failure: a domain error's message; for anything else its type
+    and the first line of its text (batch lines and eval records both use this)."""
+    if isinstance(exc, SpecdecError):
+        return exc.message
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

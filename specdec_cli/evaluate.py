@@ -22,8 +22,8 @@ import numpy as np
 from . import __version__
 from .audio import load_audio
 from .decoding.config import DecodingConfig
-from .errors import InputError
-from .metrics import build_record, immediate_repeats, modelled_latency
+from .errors import InputError, one_line
+from .metrics import build_record, immediate_repeats, json_safe, modelled_latency
 from .phrases import ATTRIBUTES, predict
 from .presets import resolve
 
@@ -168,11 +168,6 @@ def mode_configs(names: Sequence[str], presets_file: Path | None, max_new_tokens
 
 # -- running -------------------------------------------------------------------------------------
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def evaluate_clip(describer: Describer, clip: LabelledClip, audio: np.ndarray, mode: EvalMode,
                   rtt_ms: float = 0.0) -> dict[str, Any]:
     """Describe one clip in one mode and score it: a result record (metrics.build_record) with the
@@ -181,7 +176,7 @@ def evaluate_clip(describer: Describer, clip: LabelledClip, audio: np.ndarray, m
     try:
         out = describer.run(audio, mode.cfg)
     except Exception as exc:  # any engine failure is reported per clip, like batch does
-        record = build_record(clip.file, None, None, mode.cfg, mode.preset, None, _one_line(exc))
+        record = build_record(clip.file, None, None, mode.cfg, mode.preset, None, one_line(exc))
         return {**record, "eval_mode": mode.name, "labels": clip.labels, **score(None, clip.labels),
                 "modelled_latency_s": None}
     s = out.result.stats
@@ -451,19 +446,8 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _json_safe(value: Any) -> Any:
-    """JSON has no Infinity/NaN: write them as strings, like the result record does for inf."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def report_json(report: dict[str, Any], indent: int | None = 2) -> str:
-    return json.dumps(_json_safe(report), ensure_ascii=False, indent=indent, allow_nan=False)
+    return json.dumps(json_safe(report), ensure_ascii=False, indent=indent, allow_nan=False)
 
 
 def write_report(report: dict[str, Any], path: Path) -> tuple[Path, Path]:

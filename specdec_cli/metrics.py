@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -93,3 +94,15 @@ def modelled_latency(latency_s: float, mode: str, cloud_calls: int, rtt_ms: floa
     if mode == "cloud":
         return latency_s + rtt_ms / 1000.0
     return latency_s
+
+
+def json_safe(value: Any) -> Any:
+    """Strict JSON has no inf/NaN: inf is spelled "inf" (as the record's threshold is), NaN is null.
+    Used for the batch/--json records and the eval report alike."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from ..decoding import DecodingConfig, generate_baseline, speculative_decode
+from ..evaluate import score
 from ..models import DEMO_DIR, PRESETS_FILE, load_pair
-from ..phrases import ATTRIBUTES, predict
+from ..phrases import ATTRIBUTES
 from .train import Corpus
 
 
@@ -40,7 +41,7 @@ def clip_inputs(data: Corpus, i: int) -> dict[str, torch.Tensor]:
 
 
 def accuracy(texts: list[str], labels: list[dict[str, str]]) -> float:
-    hits = [predict(t)[a] == lab[a] for t, lab in zip(texts, labels, strict=True) for a in ATTRIBUTES]
+    hits = [score(t, lab)["correct"][a] for t, lab in zip(texts, labels, strict=True) for a in ATTRIBUTES]
     return 100.0 * sum(hits) / len(hits)
 
 
