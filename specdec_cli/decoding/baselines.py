@@ -11,6 +11,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from .config import DecodingConfig
 from .loop import DecodeResult, DecodeStats
 from .processors import DecodingRules, VocabMasks
+from .state import logits_for_last
 
 
 class ForwardCounter:
@@ -52,19 +53,22 @@ def generate_baseline(
     pad_id: int | None = None,
 ) -> DecodeResult:
     """One model alone, HF `generate`, our processors and stop rules. Its forwards after prefill
-    are reported as cloud calls (cloud mode) or edge forwards (edge mode)."""
+    are reported as cloud calls (cloud mode) or edge forwards (edge mode); in cloud mode the
+    prefill is cloud work too (`cloud_prefill_tokens`, `cloud_work_forwards`). The prefill
+    computes logits for the last position only (`logits_for_last`: generate reads no other)."""
     prompt_len = int(inputs["input_ids"].shape[1])
     rules = DecodingRules.build(cfg, masks, prompt_len, eos_ids)
     if hasattr(getattr(model, "model", None), "rope_deltas"):
         model.model.rope_deltas = None  # never let a previous clip's M-RoPE offset leak in
     counter = ForwardCounter(model)
     try:
-        out = model.generate(
-            **inputs,
-            generation_config=generation_config(cfg, eos_ids, pad_id),
-            logits_processor=rules.processors,
-            stopping_criteria=[rules.sentence_end],
-        )
+        with logits_for_last(model, 1):
+            out = model.generate(
+                **inputs,
+                generation_config=generation_config(cfg, eos_ids, pad_id),
+                logits_processor=rules.processors,
+                stopping_criteria=[rules.sentence_end],
+            )
     finally:
         counter.close()
     tokens = out[0, prompt_len:].tolist()
@@ -72,6 +76,7 @@ def generate_baseline(
     after_prefill_calls, after_prefill_tokens = counter.calls - 1, counter.tokens - prompt_len
     if cfg.mode == "cloud":
         stats.cloud_calls, stats.cloud_tokens = after_prefill_calls, after_prefill_tokens
+        stats.cloud_prefill_tokens, stats.cloud_work_forwards = prompt_len, counter.calls
     else:
         stats.edge_forwards = after_prefill_calls
     return DecodeResult(tokens, stats)

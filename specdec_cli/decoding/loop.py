@@ -1,9 +1,10 @@
 """The speculative loop: one clip from prefill to the last token.
 
-    1. prefill edge and cloud on the same multimodal prompt (the cloud hears the clip too)
+    1. prefill the edge on the multimodal prompt; the cloud only remembers it (lazy prefill)
     2. the edge drafts up to k tokens (catching up first on tokens it has not consumed)
     3. gate: escalate if the block's uncertainty exceeds the threshold, if a loop shows, or always
-    4. the cloud scores [its unseen tokens + the draft] in one forward; an acceptance rule decides
+    4. the cloud scores [its unseen tokens + the draft] in one forward — on the first escalation
+       that is the prompt with the audio, the accepted answer and the draft; a rule decides
     5. both caches are cut back to the accepted prefix
     6. accepted tokens (+ the recovered / bonus token) join the sequence, stop rules checked per token
     7. one BlockEvent per block goes to the caller
@@ -39,7 +40,8 @@ class BlockEvent:
     accepted: int                      # draft tokens kept
     correction: int | None = None      # the cloud's recovered or bonus token
     correction_kind: str | None = None  # "recovered" | "bonus"
-    cloud_tokens: int = 0              # tokens fed to the cloud for this block
+    cloud_tokens: int = 0              # tokens fed to the cloud for this block, after the prompt
+    cloud_prefill_tokens: int = 0      # prompt tokens the cloud ran for this block (lazy prefill)
     answer: list[int] = field(default_factory=list)  # answer ids after this block
     done: bool = False
 
@@ -54,9 +56,18 @@ class DecodeStats:
     verified_accepted: int = 0         # of those, accepted by the cloud
     escalations: int = 0
     loop_escalations: int = 0
-    cloud_calls: int = 0               # cloud forwards after prefill
-    cloud_tokens: int = 0              # tokens fed to the cloud after prefill
+    # Cloud work. "After prefill" means after the prompt: a lazy prefill's forward also carries the
+    # answer and the first draft, and counts as a cloud call (the edge asked) feeding those tokens.
+    cloud_calls: int = 0               # cloud forwards that fed tokens after the prompt
+    cloud_tokens: int = 0              # tokens fed to the cloud after the prompt
+    cloud_prefill_tokens: int = 0      # prompt tokens the cloud ran (0: the cloud never ran)
+    cloud_work_forwards: int = 0       # every cloud forward, the prefill included
     edge_forwards: int = 0             # edge forwards after prefill
+
+    @property
+    def cloud_work_tokens(self) -> int:
+        """Every token the cloud ran for the clip: its prefill plus what was fed after."""
+        return self.cloud_prefill_tokens + self.cloud_tokens
 
     def observe(self, event: BlockEvent) -> None:
         self.blocks += 1
@@ -125,13 +136,20 @@ def speculative_decode(
     masks: VocabMasks,
     eos_ids: list[int],
     on_block: Callable[[BlockEvent], None] | None = None,
+    lazy_prefill: bool = True,
 ) -> DecodeResult:
+    """Decode one clip. With `lazy_prefill` (the default) the cloud runs nothing until the first
+    escalation, so a clip the edge handles alone costs the cloud nothing and never leaves the
+    device; `lazy_prefill=False` prefills the cloud up front (same tokens, more cloud work)."""
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
     edge, cloud = ModelState(edge_model, "edge"), ModelState(cloud_model, "cloud")
 
-    # 1. Prefill both on the same multimodal prompt. After this the cloud only receives tokens.
+    # 1. The edge hears the clip now; the cloud keeps the same prompt and hears it when first asked.
     edge.prefill(inputs)
-    cloud.prefill(inputs)
+    if lazy_prefill:
+        cloud.start(inputs)
+    else:
+        cloud.prefill(inputs)
     prompt_len = len(edge)
     rules = DecodingRules.build(cfg, masks, prompt_len, eos_ids)
     sequence = list(edge.ids)          # prompt + accepted answer: the one sequence of record
@@ -154,6 +172,7 @@ def speculative_decode(
 
         if reason:
             # 4. Verify: one cloud forward over its unseen tokens + the draft, then the rule.
+            prefilled = cloud.prefill_tokens
             target_scores, fed = score_draft(cloud, sequence, proposal.tokens, rules)  # [k+1, V]
             verdict: Verdict
             if generator is None:
@@ -163,7 +182,7 @@ def speculative_decode(
                                             torch.softmax(target_scores, dim=-1), generator)
             new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
             event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
-            event.cloud_tokens = fed
+            event.cloud_tokens, event.cloud_prefill_tokens = fed, cloud.prefill_tokens - prefilled
 
             # 5. Roll both caches back to the accepted prefix (the edge may hold less already).
             keep = len(sequence) + verdict.accepted
@@ -187,5 +206,6 @@ def speculative_decode(
 
     stats.tokens = len(sequence) - prompt_len
     stats.cloud_calls, stats.cloud_tokens = cloud.forwards, cloud.tokens_fed
+    stats.cloud_prefill_tokens, stats.cloud_work_forwards = cloud.prefill_tokens, cloud.all_forwards
     stats.edge_forwards = edge.forwards
     return DecodeResult(sequence[prompt_len:], stats, events)

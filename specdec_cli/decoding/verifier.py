@@ -1,4 +1,5 @@
-"""The cloud's side: score a draft in one forward pass, with lazy catch-up."""
+"""The cloud's side: score a draft in one forward pass, with lazy catch-up (and, on the first
+escalation of a clip, the lazy prefill)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ def score_draft(cloud: ModelState, sequence: list[int], draft: list[int],
     """Processed cloud scores for every draft position plus the bonus position: [k+1, V].
 
     Lazy catch-up: tokens accepted without the cloud since its last call are fed in the same
-    forward as the draft, so they cost nothing until an escalation needs them. Returns the scores
-    and the number of tokens this forward fed to the cloud."""
+    forward as the draft, so they cost nothing until an escalation needs them. A cloud that has
+    not run yet for this clip has the whole prompt pending: the prompt, the audio, the accepted
+    answer and the draft then go in this one forward (lazy prefill). Only the k+1 logits rows the
+    verdict reads are computed. Returns the scores and the number of tokens this forward fed to
+    the cloud after the prompt (prompt tokens are counted as the cloud's prefill)."""
     pending = cloud.pending(sequence)
     before = cloud.last_logits  # predicts draft[0] when nothing is pending
-    fed = pending + draft
-    logits = cloud.advance(fed)  # [P+k, V], row i predicts the token after fed[i]
+    fed_before = cloud.tokens_fed
     if pending:
-        rows = logits[len(pending) - 1:]
+        # The last k+1 rows: row j predicts the token after pending[-1] + draft[:j].
+        rows = cloud.advance(pending + draft, keep=len(draft) + 1)
     else:
         assert before is not None, "cloud has no logits for the first draft position"
-        rows = torch.cat([before[None], logits])
+        rows = torch.cat([before[None], cloud.advance(draft)])
     # rows: [k+1, V]; row j scores draft[j] (row k: bonus), each with its own prefix.
     scores = [rules.process(torch.tensor([sequence + draft[:j]]), rows[j]) for j in range(len(draft) + 1)]
-    return torch.stack(scores), len(fed)
+    return torch.stack(scores), cloud.tokens_fed - fed_before
