@@ -25,7 +25,7 @@ from .decoding.config import DecodingConfig
 from .errors import InputError, one_line
 from .metrics import build_record, immediate_repeats, json_safe, modelled_latency
 from .phrases import ATTRIBUTES, predict
-from .presets import resolve
+from .presets import PresetFiles, resolve
 
 if TYPE_CHECKING:
     from .pipeline import Describer
@@ -135,14 +135,14 @@ def parse_sweep(text: str) -> list[float]:
     return list(dict.fromkeys(round(float(t), 6) for t in np.linspace(start, stop, count)))
 
 
-def _preset_cfg(name: str, presets_file: Path | None, base: DecodingConfig, k: int | None) -> DecodingConfig:
+def _preset_cfg(name: str, presets_file: PresetFiles, base: DecodingConfig, k: int | None) -> DecodingConfig:
     values = dict(resolve(name, presets_file).values)
     if k is not None:
         values["k"] = k
     return base.with_(mode="spec", **values)
 
 
-def mode_configs(names: Sequence[str], presets_file: Path | None, max_new_tokens: int,
+def mode_configs(names: Sequence[str], presets_file: PresetFiles, max_new_tokens: int,
                  k: int | None = None, thresholds: Sequence[float] = ()) -> list[EvalMode]:
     """The configs behind each mode name, plus one spec mode per sweep threshold. `always` and the
     sweep take the quality preset's k and uncertainty (the sweep varies only the threshold); `k`
@@ -238,6 +238,12 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def _mean_field(records: Sequence[dict[str, Any]], key: str) -> float | None:
+    """Mean of a field every record carries (None when some record lacks it: an older report)."""
+    values = [r.get(key) for r in records]
+    return _mean(values) if values and None not in values else None
+
+
 def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, Any]:
     """One row for one mode. Quality rates count every clip (a failed clip is wrong and invalid);
     cost and latency average the clips that produced a result. Counts are per clip (means);
@@ -278,6 +284,15 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
         # cloud_calls under the name a reader of a cost table looks for.
         "edge_forwards": _mean([r["edge_forwards"] for r in ok]),
         "cloud_forwards": _mean([r["cloud_calls"] for r in ok]),
+        # All the cloud's work, prefill included (a lazy spec clip the edge handled alone has 0),
+        # and the share of clips where the cloud did nothing at all (the clip never left the edge).
+        "cloud_prefill_tokens": _mean_field(ok, "cloud_prefill_tokens"),
+        "cloud_work_tokens": _mean_field(ok, "cloud_work_tokens"),
+        "cloud_work_forwards": _mean_field(ok, "cloud_work_forwards"),
+        "no_cloud_share": (sum(r["cloud_work_forwards"] == 0 for r in ok) / len(ok)
+                           if ok and all(r.get("cloud_work_forwards") is not None for r in ok) else None),
+        "cloud_work_tokens_vs_cloud": None,
+        "cloud_work_forwards_vs_cloud": None,
         "latency_s": latency_stats([r["latency_s"] for r in ok]),
         "modelled_latency_s": latency_stats([r["modelled_latency_s"] for r in ok]),
         "speedup": None,
@@ -294,6 +309,9 @@ def add_speedups(summaries: list[dict[str, Any]], baseline: str = BASELINE) -> N
     for s in summaries:
         s["speedup"] = _ratio(base["latency_s"]["mean"], s["latency_s"]["mean"])
         s["modelled_speedup"] = _ratio(base["modelled_latency_s"]["mean"], s["modelled_latency_s"]["mean"])
+        # Cloud work as a share of cloud-only's on the same clips (<1: the cloud did less).
+        for key in ("cloud_work_tokens", "cloud_work_forwards"):
+            s[f"{key}_vs_cloud"] = _ratio(s.get(key), base.get(key))
 
 
 def summarize_all(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode]) -> list[dict[str, Any]]:
@@ -395,7 +413,17 @@ def summary_tables(rtt: bool) -> list[tuple[str, list[Column]]]:
             ("link p95", lat("modelled_latency_s", "p95")),
             ("link speedup", lambda s: fmt(s["modelled_speedup"], 2)),
         ]
-    return [("quality", quality), ("cost per clip (after prefill)", cost), ("latency (s)", latency)]
+    work: list[Column] = [
+        ("mode", lambda s: s["mode"]),
+        ("prefill tok", lambda s: fmt(s.get("cloud_prefill_tokens"), 1)),
+        ("work tok", lambda s: fmt(s.get("cloud_work_tokens"), 1)),
+        ("work fwd", lambda s: fmt(s.get("cloud_work_forwards"), 1)),
+        ("tok vs cloud", lambda s: fmt(s.get("cloud_work_tokens_vs_cloud"), 2)),
+        ("fwd vs cloud", lambda s: fmt(s.get("cloud_work_forwards_vs_cloud"), 2)),
+        ("no cloud", lambda s: fmt(s.get("no_cloud_share"), pct=True)),
+    ]
+    return [("quality", quality), ("cost per clip (after prefill)", cost),
+            ("cloud work per clip (prefill included)", work), ("latency (s)", latency)]
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -429,7 +457,12 @@ def markdown(report: dict[str, Any]) -> str:
               "counts immediate CJK character repeats, *punct* is the mean punctuation density and *rep. rate* "
               "the mean share of repeated 2-/3-grams. Cloud calls are the cloud's forward passes after "
               "prefill (*calls/tok* per output token, *cloud tok* the tokens fed to it); *edge fwd* likewise "
-              "for the edge; *accept* is accepted / drafted over verified blocks. Latency is wall time per "
+              "for the edge; *accept* is accepted / drafted over verified blocks. *Cloud work* counts everything the "
+              "cloud ran, its prefill included: *prefill tok* the prompt tokens (audio placeholders included; 0 "
+              "when the cloud never ran: spec modes prefill the cloud only at the first escalation), *work tok* "
+              "those plus the tokens fed after, *work fwd* every cloud forward; *vs cloud* divides by "
+              "cloud-only's on the same clips; *no cloud* is the share of clips on which the cloud did no work at "
+              "all. Latency is wall time per "
               "clip in seconds (features + decoding, models loaded once); *link* adds the modelled round trip "
               "per cloud call (once per clip for cloud-only). Speedup is cloud-only mean latency / the "
               "mode's.", ""]

@@ -81,6 +81,12 @@ def build_record(file: str, text: str | None, result: DecodeResult | None, cfg: 
         record["edge_forwards"] = s.edge_forwards
         record["tokens_per_s"] = (tokens / latency_s) if latency_s else None
         record["escalations"] = s.escalations if spec else None
+        # All the cloud's work for the clip (cloud_calls/cloud_tokens count only what follows the
+        # prompt): its prefill tokens (0 when it never ran), those plus the tokens fed after, and
+        # every cloud forward, the prefill included.
+        record["cloud_prefill_tokens"] = s.cloud_prefill_tokens
+        record["cloud_work_tokens"] = s.cloud_work_tokens
+        record["cloud_work_forwards"] = s.cloud_work_forwards
     record.update(extra)
     return record
 
