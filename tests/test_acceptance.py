@@ -60,3 +60,52 @@ def test_rejection_keeps_everything_when_draft_equals_target():
         d = [int(torch.multinomial(p, 1, generator=g)) for _ in range(3)]
         v = rejection_verdict(d, p.expand(3, 3), p.expand(4, 3), g)
         assert v.accepted == 3 and v.kind == "bonus"
+
+
+# -- distributions of different widths (Qwen2.5-Omni-3B: 151,936 rows, -7B: 152,064) -------------
+
+def _first_token_counts(q: torch.Tensor, p: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """Counts of the first emitted token over the union of both widths: draft from q, verify
+    against p (each as wide as its own model)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(max(len(p), len(q)))
+    for _ in range(n):
+        d = int(torch.multinomial(q, 1, generator=g))
+        v = rejection_verdict([d], q[None], torch.stack([p, p]), g)
+        counts[d if v.accepted == 1 else v.token] += 1
+    return counts
+
+
+def test_narrow_draft_wide_target_reaches_the_rows_the_draft_lacks():
+    """A 4-wide draft against a 6-wide target with mass on rows 4 and 5, which the draft can never
+    propose: those tokens must still come out at the target's rate (through the residual)."""
+    q = torch.tensor([0.40, 0.30, 0.20, 0.10])
+    p = torch.tensor([0.10, 0.30, 0.10, 0.15, 0.20, 0.15])
+    counts = _first_token_counts(q, p, 20000, seed=2)
+    assert counts[4] > 0 and counts[5] > 0
+    assert chi2(counts, p) < CHI2_999[5]
+
+
+def test_wide_draft_narrow_target_never_keeps_what_the_target_lacks():
+    """The reverse: a 6-wide draft puts mass on rows 4 and 5, which the 4-wide target gives
+    probability zero; they are always rejected and the output follows the target."""
+    q = torch.tensor([0.10, 0.10, 0.10, 0.10, 0.30, 0.30])
+    p = torch.tensor([0.40, 0.30, 0.20, 0.10])
+    counts = _first_token_counts(q, p, 20000, seed=3)
+    assert counts[4] == 0 and counts[5] == 0
+    assert chi2(counts[:4], p) < CHI2_999[3]
+
+
+def test_widths_differ_over_a_whole_block():
+    """k = 3 drafts and the bonus row, 4-wide draft vs 6-wide target: the verdict's tokens are
+    always in the target's range, and a draft the target fully agrees with is kept with the bonus."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25]).expand(3, 4)
+    same = torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0, 0.0]).expand(4, 6)
+    for _ in range(100):
+        v = rejection_verdict([0, 1, 2], q, same, g)
+        assert (v.accepted, v.kind) == (3, "bonus") and v.token < 4
+    only_new = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, 0.5]).expand(4, 6)
+    for _ in range(100):
+        v = rejection_verdict([0, 1, 2], q, only_new, g)
+        assert (v.accepted, v.kind) == (0, "recovered") and v.token in (4, 5)

@@ -60,3 +60,28 @@ def test_draft_probs_are_what_the_draft_was_sampled_from(edge, processor, masks,
         assert torch.allclose(prop.draft_probs[i], expected, atol=1e-5)
         # the same generator stream, drawing from those probabilities, gives the same token
         assert int(torch.multinomial(expected, 1, generator=replay)) == token
+
+
+def test_spec_sampling_across_vocabulary_widths_follows_the_cloud():
+    """The edge scores 4 tokens, the cloud 6 (as Qwen2.5-Omni-3B's 151,936 rows against -7B's
+    152,064): tokens 4 and 5 are ones the edge can never propose. Sampled through the whole loop
+    with every block verified, both tokens' marginals still match the cloud's, rows 4-5 included.
+    (The edge can *read* every token; it only lacks the output rows.)"""
+    edge = TableLM(V)
+    edge.table = torch.tensor([[0.4, 0.3, 0.2, 0.1]] * V).log()  # [6 previous tokens, 4 outputs]
+    cloud_rows = [[0.05, 0.05, 0.2, 0.1, 0.3, 0.3], [0.1, 0.1, 0.1, 0.1, 0.35, 0.25]] + \
+                 [[0.1, 0.2, 0.2, 0.2, 0.2, 0.1]] * 4
+    cloud = soft_table(cloud_rows)
+    masks = VocabMasks.from_texts(["a", "b", "c", "d", "e", "f"], V)
+    inputs = {"input_ids": torch.tensor([[1]]), "attention_mask": torch.tensor([[1]])}
+    first, second = torch.zeros(V), torch.zeros(V)
+    for seed in range(3000):
+        cfg = DecodingConfig(k=2, max_new_tokens=2, verify="always", sample=True, seed=seed, constraints=False)
+        out = speculative_decode(edge, cloud, inputs, cfg, masks, eos_ids=[99]).tokens
+        first[out[0]] += 1
+        second[out[1]] += 1
+    p1 = torch.tensor(cloud_rows[1])
+    p2 = sum(p1[a] * torch.tensor(cloud_rows[a]) for a in range(V))
+    assert first[4:].sum() > 0 and second[4:].sum() > 0
+    assert chi2(first, p1) < CHI2_999[5]
+    assert chi2(second, p2) < CHI2_999[5]

@@ -3,6 +3,10 @@
 Vocabulary (vLLM's): the *accepted* prefix of the draft; the *recovered* token, the target's choice
 at the first rejected position; the *bonus* token, the target's extra token when every draft token
 was accepted. Exactly one of recovered/bonus follows every verification.
+
+Edge and cloud may score vocabularies of different widths (Qwen2.5-Omni-3B has 151,936 rows,
+-7B 152,064): a row one model lacks is a token it gives probability 0. Rejection sampling is
+exact over the union, so the narrower distribution is zero-padded to the wider one.
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ def greedy_verdict(draft: list[int], target_scores: torch.Tensor) -> Verdict:
     return Verdict(k, choice[k], "bonus")
 
 
+def pad_to(probs: torch.Tensor, width: int) -> torch.Tensor:
+    """`probs` [..., V] zero-padded on the right to [..., width] (unchanged when V >= width): the
+    rows a model lacks are tokens it can never produce."""
+    missing = width - probs.shape[-1]
+    return torch.nn.functional.pad(probs, (0, missing)) if missing > 0 else probs
+
+
 def rejection_verdict(
     draft: list[int],
     draft_probs: torch.Tensor,
@@ -41,10 +52,14 @@ def rejection_verdict(
     """Standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft[j]
     with probability min(1, p_target / p_draft); at the first rejection sample from the normalised
     positive part of (target - draft). The output then follows the target's distribution exactly.
-    draft_probs: [k, V], the distributions draft[j] was actually sampled from (HF #47932 trap);
-    target_probs: [k+1, V]."""
+    draft_probs: [k, V_draft], the distributions draft[j] was actually sampled from (HF #47932
+    trap); target_probs: [k+1, V_target]. The widths may differ: both are zero-padded to the wider,
+    so a draft token the target lacks is always rejected (p_target = 0) and a target token the
+    draft lacks is reached through the residual (p_draft = 0 there)."""
     k = len(draft)
     assert draft_probs.shape[0] == k and target_probs.shape[0] == k + 1
+    width = max(draft_probs.shape[-1], target_probs.shape[-1])
+    draft_probs, target_probs = pad_to(draft_probs, width), pad_to(target_probs, width)
     idx = torch.tensor(draft)
     p_t = target_probs[torch.arange(k), idx]
     p_d = draft_probs[torch.arange(k), idx]
