@@ -1,18 +1,27 @@
-"""Batch runs: the folder walk and a results file that survives being killed at any instant.
+"""Batch runs: the folder walk, and a results file that survives being killed at any instant and
+never deletes a line specdec did not write.
 
-The results file is JSON Lines, one record per clip (the record of `describe --json`).
+The results file is JSON Lines, one record per clip (the record of `describe --json`), each with
+the settings that made it (`settings`, see run_settings.py).
 
-How resuming works, and why it cannot lose or duplicate a record:
-  * Opening a results file compacts it first: it is read tolerantly (a torn last line, left by a
-    kill during a write, is dropped; a later line for the same clip supersedes an earlier one),
-    error records are dropped (those clips are retried), and what remains is written to a temporary
-    file, fsync'd and renamed over the original. The rename is atomic, so a kill during compaction
-    leaves either the old file or the new one, both readable.
-  * Then each finished clip is appended as one line, flushed and fsync'd before the next clip
-    starts. A kill mid-append leaves at most one torn last line, which the next open drops; the clip
-    was not recorded, so it is decoded again.
-  * Clips whose successful record survives are skipped, so the final file holds exactly one line
-    per clip: its success, or its latest error.
+Opening a results file (`ResultsFile`):
+  1. Takes its writer lock (writer_lock.py): a second batch on the same file is refused at once;
+     a lock left by a killed run never blocks the next one.
+  2. Reads it strictly: every complete line must be a specdec record made with this run's
+     settings (blank lines are ignored). A last line without its newline is a write cut short by
+     a kill and is dropped, but only when it starts like one of our lines. Anything else refuses
+     the run before a byte of the file changes: the file may be another tool's output, or results
+     the user asked for with other settings, and resuming would silently mix or delete them.
+  3. Compacts it: a later line for a clip supersedes an earlier one, and error records are
+     dropped (those clips are retried). The rest is written to a temporary file, fsync'd and
+     renamed over the original; the rename is atomic, so a kill leaves the old file or the new
+     one, both readable.
+  `--overwrite` replaces 2 and 3: the old file is first copied to NAME.bak (NAME.bak-2, … when
+  that exists), then the run starts from an empty file.
+Then each finished clip is appended as one line, flushed and fsync'd before the next clip starts:
+a kill mid-append leaves at most one torn last line, which the next open drops (that clip is
+decoded again). Clips whose successful record survives are skipped, so the final file holds
+exactly one line per clip: its success, or its latest error.
 
 Clips are matched by absolute path (the `file` field is the path as given, resolved against the
 current directory), so rerun from the same directory, or give an absolute DIR.
@@ -28,7 +37,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InputError, one_line
-from .metrics import json_safe
+from .metrics import RECORD_FIELDS, json_safe
+from .run_settings import RunSettings, differences
+from .writer_lock import LockHeld, WriterLock
 
 
 def find_audio(root: Path, suffixes: tuple[str, ...], recursive: bool = False) -> list[Path]:
@@ -55,9 +66,49 @@ def dumps_record(record: dict[str, Any]) -> str:
     return json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False)
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every complete record in a results file, in order. A last line without its newline is a
-    write cut short by a kill and is ignored; so is any line that is not a JSON object with `file`."""
+# Every line we write starts with this (the record's first field); a torn last line that does
+# not is someone else's, and is not ours to drop.
+OUR_LINE_START = b'{"file": '
+
+
+def backup_path(path: Path) -> Path:
+    """Where --overwrite keeps the old file: NAME.bak, else the first free NAME.bak-N (N >= 2)."""
+    candidate, n = path.with_name(f"{path.name}.bak"), 2
+    while candidate.exists():
+        candidate, n = path.with_name(f"{path.name}.bak-{n}"), n + 1
+    return candidate
+
+
+def refusal(path: Path, what: str) -> InputError:
+    """The one-line refusal for a results file this run must not rewrite: what is wrong, what to do."""
+    return InputError(f"{path} {what}; the file was left as it is. Give another --out, or add --overwrite "
+                      f"to start over (the old file is then kept as {backup_path(path)})")
+
+
+def _excerpt(line: bytes) -> str:
+    text = line.decode("utf-8", "replace").strip()
+    return repr(text if len(text) <= 40 else text[:40] + "…")
+
+
+def why_not_a_record(value: Any) -> str | None:
+    """What keeps a parsed line from being a specdec record; None when it is one."""
+    if not isinstance(value, dict):
+        return f"is JSON but not a record (a {type(value).__name__})"
+    missing = [name for name in RECORD_FIELDS if name not in value]
+    if missing:
+        more = ", …" if len(missing) > 3 else ""
+        return f"is not a specdec record (no {', '.join(missing[:3])}{more} field)"
+    if not isinstance(value["file"], str):
+        return f"is not a specdec record (its file is {value['file']!r}, not a path)"
+    if value["error"] is not None and not isinstance(value["error"], str):
+        return f"is not a specdec record (its error is {value['error']!r})"
+    return None
+
+
+def numbered_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """Every complete record in a results file with its line number (from 1), in order. A last
+    line without its newline is a write cut short by a kill and is ignored when it starts like one
+    of ours; anything else that is not a specdec record raises the refusal (nothing is changed)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -65,16 +116,43 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise InputError(f"cannot read results file {path}: {exc.strerror or exc}") from exc
     lines = raw.split(b"\n")
-    complete = lines[:-1]  # the piece after the last newline is empty, or torn
+    *complete, tail = lines  # `tail` follows the last newline: empty, or a torn write
     records = []
-    for line in complete:
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
             continue
-        if isinstance(record, dict) and isinstance(record.get("file"), str):
-            records.append(record)
+        try:
+            value = json.loads(line)
+        except ValueError:  # not JSON, or not text
+            raise refusal(path, f"line {number} is not JSON ({_excerpt(line)})") from None
+        problem = why_not_a_record(value)
+        if problem is not None:
+            raise refusal(path, f"line {number} {problem}")
+        records.append((number, value))
+    torn = tail.lstrip()
+    if torn and not (torn.startswith(OUR_LINE_START) or OUR_LINE_START.startswith(torn)):
+        raise refusal(path, f"line {len(lines)} ends without a newline and is not a specdec record "
+                            f"({_excerpt(tail)})")
     return records
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a results file, in order (see `numbered_records`)."""
+    return [record for _, record in numbered_records(path)]
+
+
+def check_settings(path: Path, records: list[tuple[int, dict[str, Any]]], settings: RunSettings) -> None:
+    """Refuse a file holding any record made otherwise than this run would make it: resuming
+    would mix the two, or skip a clip the user asked to have described anew."""
+    current = settings.as_record()
+    for number, record in records:
+        recorded = record.get("settings")
+        if not isinstance(recorded, dict):
+            raise refusal(path, f"line {number} carries no settings (written before specdec 0.2), so it "
+                                "cannot be told apart from other settings")
+        if recorded != current:
+            raise refusal(path, f"line {number} was made with other settings "
+                                f"(recorded → this run: {differences(recorded, current)})")
 
 
 def latest_by_clip(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -111,21 +189,61 @@ def _write_atomically(path: Path, lines: list[str]) -> None:
     _fsync_dir(path.parent)
 
 
-class ResultsFile:
-    """A results file opened for a (resumed) batch; see the module doc for the guarantees."""
+def _keep_backup(path: Path) -> Path:
+    """Copy `path` to a new backup file (never over an existing one), on disk before returning."""
+    data = path.read_bytes()
+    while True:
+        backup = backup_path(path)
+        try:
+            with open(backup, "xb") as f:  # "x": a backup that appeared meanwhile is never replaced
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except FileExistsError:
+            continue
+        _fsync_dir(path.parent)
+        return backup
 
-    def __init__(self, path: Path, overwrite: bool = False) -> None:
+
+class ResultsFile:
+    """A results file opened for a (resumed) batch by its one writer; see the module doc."""
+
+    def __init__(self, path: Path, settings: RunSettings, overwrite: bool = False) -> None:
         self.path = path
+        self.backup: Path | None = None  # where --overwrite kept the old file
         self._file: TextIO | None = None
+        self._lock = WriterLock(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            kept = {} if overwrite else {k: r for k, r in latest_by_clip(read_records(path)).items()
-                                         if r.get("error") is None}
+            self._lock.acquire()
+        except LockHeld as held:
+            pid = f"pid {held.pid}" if held.pid is not None else "pid unknown"
+            raise InputError(f"{path} is being written by another specdec batch ({pid}); wait for it to "
+                             "finish, or give this run another --out") from None
+        except OSError as exc:
+            raise InputError(f"cannot write results file {path}: {exc.strerror or exc}") from exc
+        try:
+            self.done = self._open(settings, overwrite)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, settings: RunSettings, overwrite: bool) -> set[str]:
+        """Check, back up or compact, then open for appending; the clips already recorded without error."""
+        path = self.path
+        kept: dict[str, dict[str, Any]] = {}
+        if not overwrite:
+            records = numbered_records(path)  # refuses foreign lines before anything is written
+            check_settings(path, records, settings)
+            kept = {k: r for k, r in latest_by_clip([r for _, r in records]).items() if r["error"] is None}
+        try:
+            if overwrite and path.is_file() and path.stat().st_size > 0:
+                self.backup = _keep_backup(path)
             _write_atomically(path, [dumps_record(r) for r in kept.values()])
             self._file = open(path, "a", encoding="utf-8")  # closed in close()
         except OSError as exc:
             raise InputError(f"cannot write results file {path}: {exc.strerror or exc}") from exc
-        self.done: set[str] = set(kept)  # clips already recorded without error
+        return set(kept)
 
     def append(self, record: dict[str, Any]) -> None:
         assert self._file is not None, "results file is closed"
@@ -137,6 +255,7 @@ class ResultsFile:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._lock.release()
 
     def __enter__(self) -> ResultsFile:
         return self

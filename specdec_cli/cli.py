@@ -29,8 +29,9 @@ from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .eval_command import eval_command
 from .metrics import build_record, modelled_latency
-from .models import load_pair, parse_dtype, presets_file_for
+from .models import demo_pair, load_pair, parse_dtype, presets_file_for
 from .presets import Preset, load_presets, resolve
+from .run_settings import RunSettings
 
 if TYPE_CHECKING:
     from .models import ModelPair
@@ -184,6 +185,20 @@ def _config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig:
         raise InputError(f"bad decoding option: {exc}") from exc
 
 
+def run_settings(flags: Flags) -> tuple[DecodingConfig, str | None, RunSettings]:
+    """The decoding config, the preset name a record shows, and the settings every record carries;
+    all found without loading a model (an unknown preset fails here), so a batch can check its
+    results file before paying for the load."""
+    preset = resolve(flags.preset, presets_file_for(flags.edge))
+    cfg = _config(preset, flags.overrides)
+    name = preset.name if cfg.mode == "spec" else None
+    edge, cloud = flags.edge, flags.cloud
+    if edge is None or cloud is None:
+        demo_edge, demo_cloud = demo_pair()
+        edge, cloud = edge or demo_edge, cloud or demo_cloud
+    return cfg, name, RunSettings.of(cfg, name, edge, cloud, flags.dtype)
+
+
 def _quiet_libraries() -> None:
     """Keep stderr to our own lines: no weight-loading bars or advisory warnings from transformers."""
     if _debug():
@@ -200,12 +215,9 @@ class Session:
     """The loaded pair and the resolved settings; turns a clip into a result record."""
 
     def __init__(self, flags: Flags, err: Console) -> None:
-        resolve(flags.preset, presets_file_for(flags.edge))  # an unknown preset fails before loading
+        self.cfg, self.preset, self.settings = run_settings(flags)  # a bad preset fails before loading
         with err.status("loading models…") if err.is_terminal else nullcontext():
             self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype)
-        preset = resolve(flags.preset, self.pair.presets_file)
-        self.cfg = _config(preset, flags.overrides)
-        self.preset = preset.name if self.cfg.mode == "spec" else None
         self.rtt_ms = flags.rtt_ms
         from .pipeline import Describer  # torch + transformers, loaded with the models
 
@@ -216,7 +228,7 @@ class Session:
         return load_audio(path, p.sampling_rate, p.max_seconds)
 
     def _extra(self) -> dict[str, Any]:
-        return {"edge": self.pair.edge_id, "cloud": self.pair.cloud_id}
+        return {"edge": self.pair.edge_id, "cloud": self.pair.cloud_id, "settings": self.settings.as_record()}
 
     def record(self, file: str, audio: np.ndarray, desc: Description) -> dict[str, Any]:
         extra = self._extra()
@@ -336,7 +348,8 @@ def batch(
     out: Annotated[Path, typer.Option(help="Results, one JSON line per file (appended as each finishes).",
                                       show_default=False)],
     recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out "
+                                            "(the old file is kept as OUT.bak).")] = False,
     preset: PresetOpt = "fluent",
     mode: ModeOpt = None,
     verify: VerifyOpt = None,
@@ -355,14 +368,19 @@ def batch(
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
 
-    Rerunning with the same --out resumes: files recorded without error are skipped, failed ones
-    are retried, and a run killed at any moment loses nothing already written."""
+    Rerunning with the same settings and --out resumes: files recorded without error are skipped,
+    failed ones are retried, and a run killed at any moment loses nothing already written. A file
+    holding anything else (other settings, another tool's lines) is refused, never rewritten; one
+    --out takes one run at a time."""
     files = find_audio(directory, audio_suffixes(), recursive)
     flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, mode=mode, verify=verify, threshold=threshold,
                    k=k, uncertainty=uncertainty, constraints=constraints, max_new_tokens=max_new_tokens,
                    sample=sample, seed=seed)
     err = _stderr()
-    with ResultsFile(out, overwrite) as results:
+    with ResultsFile(out, run_settings(flags)[2], overwrite) as results:
+        if results.backup is not None:
+            err.print(f"starting over; the old results are kept in {results.backup}", markup=False,
+                      soft_wrap=True)  # one line, even in a log
         todo, skipped = pending(files, results)
         if not todo:
             err.print(ui.batch_summary(0, 0, skipped, str(out)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -22,7 +23,11 @@ from specdec_cli.batch import (
     run_batch,
 )
 from specdec_cli.cli import app
+from specdec_cli.decoding.config import DecodingConfig
 from specdec_cli.errors import InputError
+from specdec_cli.metrics import RECORD_FIELDS
+from specdec_cli.run_settings import RunSettings
+from specdec_cli.writer_lock import lock_path
 
 # The tiny saved model pair and the `models` options, shared by the whole session.
 pytest_plugins = ["cli_fixtures"]
@@ -34,12 +39,20 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+SETTINGS = RunSettings.of(DecodingConfig(), "fluent", "hub/edge", "hub/cloud", "float32")
+
+
+def record(path: Path, description: str | None, error: str | None, settings: RunSettings = SETTINGS) -> dict:
+    return {**dict.fromkeys(RECORD_FIELDS), "file": str(path), "description": description, "error": error,
+            "settings": settings.as_record()}
+
+
 def ok(path: Path) -> dict:
-    return {"file": str(path), "description": "说话人是女声。", "error": None}
+    return record(path, "说话人是女声。", None)
 
 
 def failed(path: Path, message: str) -> dict:
-    return {"file": str(path), "description": None, "error": message}
+    return record(path, None, message)
 
 
 # -- folder walk --------------------------------------------------------------------------------
@@ -64,11 +77,83 @@ def test_find_audio_refusals(tmp_path):
 
 # -- the results file ---------------------------------------------------------------------------
 
-def test_reader_ignores_a_torn_last_line_and_garbage(tmp_path):
+def test_reader_drops_only_a_torn_last_line_that_starts_like_ours(tmp_path):
     out = tmp_path / "r.jsonl"
     good = dumps_record(ok(Path("a.wav"))) + "\n"
-    out.write_bytes(good.encode() + b"not json\n" + b'[1, 2]\n' + dumps_record(ok(Path("b.wav"))).encode()[:20])
-    assert [r["file"] for r in read_records(out)] == ["a.wav"]
+    for torn in (dumps_record(ok(Path("b.wav")))[:20], '{"fi', "{", ""):
+        out.write_text(good + "\n" + torn, encoding="utf-8")  # a blank line holds nothing: passed over
+        assert [r["file"] for r in read_records(out)] == ["a.wav"], torn
+
+
+OK_LINE = dumps_record(ok(Path("a.wav"))) + "\n"
+OURS = OK_LINE.encode()
+ALL_FIELDS_BUT_FILE = json.dumps({**ok(Path("x.wav")), "file": 3}).encode()
+FOREIGN = {  # name: (file content, what the refusal says about which line)
+    "garbage": (b'garbage\n{"file": 3}\n', "line 1 is not JSON ('garbage')"),
+    "file only": (OURS + b'{"file": 3}\n', "line 2 is not a specdec record (no description, mode, preset, … field)"),
+    "array": (OURS + b"[1, 2]\n", "line 2 is JSON but not a record (a list)"),
+    "file not a path": (OURS + ALL_FIELDS_BUT_FILE + b"\n", "line 2 is not a specdec record (its file is 3, not a path)"),
+    "not text": (OURS + b"\xff\xfe\n", "line 2 is not JSON"),
+    "foreign last line": (OURS + b"a note", "line 2 ends without a newline and is not a specdec record ('a note')"),
+}
+
+
+@pytest.mark.parametrize("name", FOREIGN)
+def test_a_file_with_lines_specdec_did_not_write_is_refused_unchanged(tmp_path, name):
+    content, what = FOREIGN[name]
+    out = tmp_path / "r.jsonl"
+    out.write_bytes(content)
+    with pytest.raises(InputError) as refused:
+        ResultsFile(out, SETTINGS)
+    message = refused.value.message
+    assert message.startswith(f"{out} {what}"), message
+    assert message.endswith(f"Give another --out, or add --overwrite to start over (the old file is then kept "
+                            f"as {out}.bak)")
+    assert "\n" not in message
+    assert out.read_bytes() == content
+    assert not lock_path(out).exists()  # the refused run let go of the file
+
+
+def test_records_made_with_other_settings_are_refused_unchanged(tmp_path):
+    out = tmp_path / "r.jsonl"
+    cloud = RunSettings.of(DecodingConfig(mode="cloud"), None, "hub/edge", "hub/cloud", "float32")
+    out.write_text(OK_LINE + dumps_record(record(Path("b.wav"), "说话人是男声。", None, cloud)) + "\n",
+                   encoding="utf-8")
+    before = out.read_bytes()
+    with pytest.raises(InputError) as refused:
+        ResultsFile(out, SETTINGS)
+    assert refused.value.message.startswith(
+        f"{out} line 2 was made with other settings (recorded → this run: mode cloud → spec, preset - → fluent, "
+        "threshold - → 5.5, k - → 4, verify - → entropy, uncertainty - → sum); the file was left as it is.")
+    assert out.read_bytes() == before
+
+
+def test_records_of_specdec_0_1_count_as_other_settings(tmp_path):
+    out = tmp_path / "r.jsonl"
+    old = {k: v for k, v in ok(Path("a.wav")).items() if k != "settings"}
+    out.write_text(json.dumps(old) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"line 1 carries no settings \(written before specdec 0.2\)"):
+        ResultsFile(out, SETTINGS)
+
+
+def test_settings_keep_only_what_can_change_the_sentence(tmp_path):
+    """Cloud-only ignores the speculative knobs, greedy ignores the seed, dtype aliases and the
+    same model folder named two ways are one setting; anything that can change the output differs."""
+    def settings(cfg: DecodingConfig, preset: str | None = "fluent", edge: str = "hub/edge",
+                 dtype: str = "float32") -> dict:
+        return RunSettings.of(cfg, preset, edge, "hub/cloud", dtype).as_record()
+
+    base = DecodingConfig()
+    assert settings(base.with_(mode="cloud", threshold=1.0, k=6), "quality") == settings(base.with_(mode="cloud"))
+    assert settings(base.with_(seed=7)) == settings(base)
+    assert settings(base, dtype="fp32") == settings(base)
+    (tmp_path / "edge").mkdir()
+    assert settings(base, edge=str(tmp_path / "edge")) == settings(base, edge=os.path.relpath(tmp_path / "edge"))
+    for changed in (base.with_(sample=True), base.with_(threshold=float("inf")), base.with_(constraints=False),
+                    base.with_(max_new_tokens=12), base.with_(mode="edge")):
+        assert settings(changed) != settings(base), changed
+    assert settings(base.with_(sample=True, seed=1)) != settings(base.with_(sample=True))
+    assert settings(base, "quality") != settings(base)
 
 
 def test_a_complete_last_line_without_newline_is_treated_as_torn(tmp_path):
@@ -89,18 +174,49 @@ def test_open_compacts_atomically(tmp_path):
     out = tmp_path / "r.jsonl"
     content = [ok(Path("a.wav")), failed(Path("b.wav"), "bad"), ok(Path("a.wav")), ok(Path("c.wav"))]
     out.write_text("".join(dumps_record(r) + "\n" for r in content) + '{"file": "d.w', encoding="utf-8")
-    with ResultsFile(out) as results:
+    with ResultsFile(out, SETTINGS) as results:
         assert results.done == {clip_key("a.wav"), clip_key("c.wav")}
     assert [r["file"] for r in lines(out)] == ["a.wav", "c.wav"]  # error, duplicate and torn line gone
     assert not (tmp_path / ".r.jsonl.tmp").exists()
 
 
-def test_overwrite_starts_over(tmp_path):
+def test_overwrite_starts_over_keeping_each_old_file_as_a_new_backup(tmp_path):
     out = tmp_path / "r.jsonl"
-    out.write_text(dumps_record(ok(Path("a.wav"))) + "\n", encoding="utf-8")
-    with ResultsFile(out, overwrite=True) as results:
+    out.write_bytes(b"garbage\n")
+    with ResultsFile(out, SETTINGS, overwrite=True) as results:
+        assert results.done == set() and results.backup == tmp_path / "r.jsonl.bak"
+    assert out.read_bytes() == b"" and (tmp_path / "r.jsonl.bak").read_bytes() == b"garbage\n"
+
+    out.write_bytes(b"second\n")
+    with ResultsFile(out, SETTINGS, overwrite=True) as results:
+        assert results.backup == tmp_path / "r.jsonl.bak-2"
+    assert (tmp_path / "r.jsonl.bak").read_bytes() == b"garbage\n"  # an old backup is never replaced
+    assert (tmp_path / "r.jsonl.bak-2").read_bytes() == b"second\n"
+
+    with ResultsFile(out, SETTINGS, overwrite=True) as results:
+        assert results.backup is None  # an empty file holds nothing to keep
+
+
+def test_one_writer_per_results_file(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text(OK_LINE, encoding="utf-8")
+    with ResultsFile(out, SETTINGS):
+        before = out.read_bytes()
+        with pytest.raises(InputError) as refused:  # another open file description: flock refuses it too
+            ResultsFile(out, SETTINGS, overwrite=True)
+        assert refused.value.message == (f"{out} is being written by another specdec batch (pid {os.getpid()}); "
+                                         "wait for it to finish, or give this run another --out")
+        assert out.read_bytes() == before and not (tmp_path / "r.jsonl.bak").exists()
+    with ResultsFile(out, SETTINGS) as results:  # let go on close
+        assert results.done == {clip_key("a.wav")}
+    assert not lock_path(out).exists()
+
+
+def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
+    out = tmp_path / "r.jsonl"
+    lock_path(out).write_text("999999\n")  # what a SIGKILLed run leaves: the file, with no lock held on it
+    with ResultsFile(out, SETTINGS) as results:
         assert results.done == set()
-    assert out.read_text() == ""
 
 
 def test_records_are_strict_json_lines():
@@ -121,14 +237,14 @@ def test_run_batch_goes_on_after_a_failure_and_resume_retries_it(tmp_path):
             raise RuntimeError("unexpected\nsecond line")
         return ok(path)
 
-    with ResultsFile(out) as results:
+    with ResultsFile(out, SETTINGS) as results:
         summary = run_batch(files, results, describe, failed)
     assert (summary.ok, summary.failed, summary.skipped) == (2, 2, 0)
     assert [r["error"] for r in lines(out)] == [None, f"{files[1]} is silent", "RuntimeError: unexpected", None]
 
     fail_once.clear()
     seen = []
-    with ResultsFile(out) as results:
+    with ResultsFile(out, SETTINGS) as results:
         summary = run_batch(files, results, lambda p: seen.append(p) or ok(p), failed)
     assert seen == [files[1], files[2]]  # only the failed ones are retried
     assert (summary.ok, summary.failed, summary.skipped) == (2, 0, 2)
@@ -146,7 +262,7 @@ def test_interrupt_keeps_what_was_recorded(tmp_path):
             raise KeyboardInterrupt
         return ok(path)
 
-    with pytest.raises(KeyboardInterrupt), ResultsFile(out) as results:
+    with pytest.raises(KeyboardInterrupt), ResultsFile(out, SETTINGS) as results:
         run_batch(files, results, describe, failed)
     assert [r["file"] for r in lines(out)] == [str(files[0])]
 
@@ -220,7 +336,8 @@ def kill_when(cmd: list[str], out: Path, lines_at_least: int, sig: signal.Signal
 
 
 def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_path, models):
-    """Ctrl-C (SIGINT), then SIGKILL, then a full run: every clip recorded once, nothing lost."""
+    """Ctrl-C (SIGINT), then SIGKILL, then a full run: every clip recorded once, nothing lost, and
+    the lock the killed run left behind does not block the resumed one."""
     clips = tmp_path / "clips"
     n = 24
     for i in range(n):
@@ -234,8 +351,10 @@ def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_p
     after_int = read_records(out)
     assert 2 <= len(after_int) < n, "interrupted too late to test resuming"
 
+    assert not lock_path(out).exists()  # an interrupted run lets go of its lock
     killed = kill_when(cmd, out, len(after_int) + 2, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
+    assert lock_path(out).exists()  # a killed one leaves its lock file; the kernel dropped the lock itself
     after_kill = read_records(out)
     assert len(after_int) + 2 <= len(after_kill) < n, "killed too late to test resuming"
     assert [r["file"] for r in after_kill[: len(after_int)]] == [r["file"] for r in after_int]
@@ -248,3 +367,4 @@ def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_p
     assert len(files) == n and len(set(files)) == n  # complete, no clip recorded twice
     assert all(r["error"] is None for r in final)
     assert [r["file"] for r in final[: len(after_kill)]] == [r["file"] for r in after_kill]  # nothing lost
+    assert not lock_path(out).exists()

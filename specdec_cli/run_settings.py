@@ -1,0 +1,83 @@
+"""The settings that made a result record. Every record carries them (`settings`), so a batch
+resumes a clip only when it was described the way this run would describe it.
+
+Only what can change the sentence is kept, and only where it can: the speculative knobs (preset,
+threshold, k, verify, uncertainty) are blanked for edge-only and cloud-only runs, and seed and
+temperature for greedy ones. The specdec version stands for everything the flags do not show
+(the decoding rules, the constraint knobs); records from specdec 0.1 carry no settings at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .decoding.config import DecodingConfig
+from .metrics import json_safe
+
+# --dtype spellings that load the same weights (models.parse_dtype accepts all of them).
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    mode: str
+    preset: str | None
+    threshold: float | None
+    k: int | None
+    verify: str | None
+    uncertainty: str | None
+    constraints: bool
+    max_new_tokens: int
+    sample: bool
+    seed: int | None
+    temperature: float | None
+    edge: str
+    cloud: str
+    dtype: str
+    version: str
+
+    @classmethod
+    def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str) -> RunSettings:
+        """`edge` and `cloud` as load_pair gets them (a folder or a Hub id)."""
+        spec = cfg.mode == "spec"
+        return cls(
+            mode=cfg.mode,
+            preset=preset if spec else None,
+            threshold=float(cfg.threshold) if spec else None,
+            k=cfg.k if spec else None,
+            verify=cfg.verify if spec else None,
+            uncertainty=cfg.uncertainty if spec else None,
+            constraints=cfg.constraints,
+            max_new_tokens=cfg.max_new_tokens,
+            sample=cfg.sample,
+            seed=cfg.seed if cfg.sample else None,
+            temperature=float(cfg.temperature) if cfg.sample else None,
+            edge=model_id(edge),
+            cloud=model_id(cloud),
+            dtype=_DTYPE_ALIASES.get(dtype.lower(), dtype.lower()),
+            version=__version__,
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        """The `settings` field of a record (strict JSON: an infinite threshold is "inf")."""
+        return json_safe(asdict(self))
+
+
+def model_id(given: str) -> str:
+    """A model folder by its absolute path (the same folder named from another directory is the
+    same model); a Hub id as given."""
+    path = Path(given)
+    return str(path.resolve()) if path.is_dir() else given
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> str:
+    """'mode cloud → spec, preset - → quality': each setting that differs, recorded → this run."""
+    def shown(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    keys = list(current) + [k for k in recorded if k not in current]
+    return ", ".join(f"{k} {shown(recorded.get(k))} → {shown(current.get(k))}"
+                     for k in keys if recorded.get(k) != current.get(k))
