@@ -28,6 +28,9 @@ from .processors import DecodingRules, VocabMasks
 from .state import ModelState
 from .verifier import score_draft
 
+# (draft tokens, processed target scores [k+1, V]) -> Verdict: a greedy acceptance rule.
+AcceptanceRule = Callable[[list[int], torch.Tensor], Verdict]
+
 
 @dataclass
 class BlockEvent:
@@ -137,10 +140,13 @@ def speculative_decode(
     eos_ids: list[int],
     on_block: Callable[[BlockEvent], None] | None = None,
     lazy_prefill: bool = True,
+    acceptance: AcceptanceRule | None = None,
 ) -> DecodeResult:
     """Decode one clip. With `lazy_prefill` (the default) the cloud runs nothing until the first
     escalation, so a clip the edge handles alone costs the cloud nothing and never leaves the
-    device; `lazy_prefill=False` prefills the cloud up front (same tokens, more cloud work)."""
+    device; `lazy_prefill=False` prefills the cloud up front (same tokens, more cloud work).
+    `acceptance` replaces the greedy rule (bench/synthetic.py's accept-with-probability-alpha);
+    None: greedy match, or rejection sampling with `cfg.sample`."""
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
     edge, cloud = ModelState(edge_model, "edge"), ModelState(cloud_model, "cloud")
 
@@ -175,7 +181,9 @@ def speculative_decode(
             prefilled = cloud.prefill_tokens
             target_scores, fed = score_draft(cloud, sequence, proposal.tokens, rules)  # [k+1, V]
             verdict: Verdict
-            if generator is None:
+            if acceptance is not None:
+                verdict = acceptance(proposal.tokens, target_scores)
+            elif generator is None:
                 verdict = greedy_verdict(proposal.tokens, target_scores)
             else:
                 verdict = rejection_verdict(proposal.tokens, proposal.draft_probs,
