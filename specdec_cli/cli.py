@@ -29,7 +29,7 @@ from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .eval_command import eval_command
 from .metrics import build_record, modelled_latency
-from .models import demo_pair, load_pair, parse_dtype, presets_file_for
+from .models import demo_pair, dtype_name, load_pair, presets_file_for
 from .presets import Preset, load_presets, resolve
 from .run_settings import RunSettings
 
@@ -169,7 +169,7 @@ def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype:
         overrides[name] = value
     # Check the flags now, before any model is loaded (a preset cannot make a bad flag good).
     _config(Preset("defaults", {}, "built-in"), overrides)
-    parse_dtype(dtype)  # a typo in a flag is bad usage (InputError, exit 2), caught before loading
+    dtype_name(dtype)  # a typo in a flag is bad usage (InputError, exit 2), caught before loading
     return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms)
 
 

@@ -40,12 +40,18 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
            "float16": "float16", "fp16": "float16", "auto": "auto"}
 
 
-def parse_dtype(name: str) -> Any:
-    """A torch dtype (or "auto") for a --dtype value; InputError for anything else."""
+def dtype_name(name: str) -> str:
+    """The canonical name of a --dtype value (float32, bfloat16, float16, auto); InputError for
+    anything else. Without importing torch, so a bad flag or a refused batch answers at once."""
     try:
-        canonical = _DTYPES[name.lower()]
+        return _DTYPES[name.lower()]
     except KeyError:
         raise InputError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, auto") from None
+
+
+def parse_dtype(name: str) -> Any:
+    """A torch dtype (or "auto") for a --dtype value; InputError for anything else."""
+    canonical = dtype_name(name)
     if canonical == "auto":
         return canonical
     import torch

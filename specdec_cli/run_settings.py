@@ -16,9 +16,7 @@ from typing import Any
 from . import __version__
 from .decoding.config import DecodingConfig
 from .metrics import json_safe
-
-# --dtype spellings that load the same weights (models.parse_dtype accepts all of them).
-_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from .models import dtype_name
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class RunSettings:
             temperature=float(cfg.temperature) if cfg.sample else None,
             edge=model_id(edge),
             cloud=model_id(cloud),
-            dtype=_DTYPE_ALIASES.get(dtype.lower(), dtype.lower()),
+            dtype=dtype_name(dtype),  # fp32 and float32 load the same weights
             version=__version__,
         )
 
