@@ -28,10 +28,13 @@ def processor(tokenizer):
     return AudioTextProcessor(tokenizer, WhisperFeatureExtractor(feature_size=128, sampling_rate=16000))
 
 
-def make_thinker(tokenizer, seed: int, **sizes):
+def make_thinker(tokenizer, seed: int, vocab_size: int | None = None, **sizes):
     """A random thinker. Untied embeddings and a wider init keep its greedy output varied (a tied,
-    small-init model just repeats its input token, which would make every test trivially pass)."""
+    small-init model just repeats its input token, which would make every test trivially pass).
+    `vocab_size`: embedding rows when the model has more than the tokenizer (real Qwen widths)."""
     config = thinker_config(tokenizer, **sizes)
+    if vocab_size is not None:
+        config.text_config.vocab_size = vocab_size
     config.text_config.tie_word_embeddings = False
     config.tie_word_embeddings = False
     config.text_config.initializer_range = 0.2
@@ -83,3 +86,45 @@ def qwen_tokenizer():
     from specdec_cli.qwen_vocab import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
+
+
+# -- the real Qwen2.5-Omni vocabulary at the real widths -------------------------------------------
+
+EDGE_SIZES = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "audio_d": 32}
+CLOUD_SIZES = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "audio_d": 32}
+
+
+def save_real_width_pair(root, tokenizer) -> tuple[str, str]:
+    """Random thinkers at the real Qwen2.5-Omni widths, saved as the real checkpoints are laid out:
+    the edge (3B's 151,936 rows) as a thinker-only folder, the cloud (7B's 152,064 rows) as a full
+    Omni checkpoint with its weights under `thinker.`. Each folder carries the tokenizer and a
+    Whisper feature-extractor config, so `load_pair` and the CLI load them like real models.
+    Small hidden sizes keep the pair ~120 MB on disk and seconds to build."""
+    from safetensors.torch import save_file
+    from transformers import Qwen2_5OmniConfig
+
+    from specdec_cli.qwen_vocab import CLOUD_VOCAB, EDGE_VOCAB
+
+    edge_dir, cloud_dir = root / "edge", root / "cloud"
+    make_thinker(tokenizer, 11, vocab_size=EDGE_VOCAB, **EDGE_SIZES).save_pretrained(edge_dir)
+    cloud = make_thinker(tokenizer, 12, vocab_size=CLOUD_VOCAB, **CLOUD_SIZES)
+    cloud_dir.mkdir(parents=True)
+    Qwen2_5OmniConfig(thinker_config=cloud.config.to_dict()).save_pretrained(cloud_dir)
+    save_file({f"thinker.{k}": v.contiguous() for k, v in cloud.state_dict().items()},
+              cloud_dir / "model.safetensors", metadata={"format": "pt"})
+    features = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
+    for folder in (edge_dir, cloud_dir):
+        tokenizer.save_pretrained(folder)
+        features.save_pretrained(folder)
+    return str(edge_dir), str(cloud_dir)
+
+
+@pytest.fixture(scope="session")
+def real_pair(tmp_path_factory, qwen_tokenizer):
+    """The real tokenizer with random edge (151,936 rows, thinker-only folder) and cloud (152,064
+    rows, full-Omni `thinker.` layout), saved once per session and loaded back through `load_pair`
+    (hence `load_model`): a `ModelPair`, whose `edge_id` / `cloud_id` are the folders."""
+    from specdec_cli.models import load_pair
+
+    edge_dir, cloud_dir = save_real_width_pair(tmp_path_factory.mktemp("real_pair"), qwen_tokenizer)
+    return load_pair(edge_dir, cloud_dir)
