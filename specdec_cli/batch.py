@@ -16,8 +16,8 @@ Opening a results file (`ResultsFile`):
      dropped (those clips are retried). The rest is written to a temporary file, fsync'd and
      renamed over the original; the rename is atomic, so a kill leaves the old file or the new
      one, both readable.
-  `--overwrite` replaces 2 and 3: the old file is first copied to NAME.bak (NAME.bak-2, … when
-  that exists), then the run starts from an empty file.
+  `--overwrite` replaces 2 and 3: the old file is first kept as NAME.bak (NAME.bak-2, … when that
+  exists; a hard link, so a kill never leaves half a backup), then the run starts from an empty file.
 Then each finished clip is appended as one line, flushed and fsync'd before the next clip starts:
 a kill mid-append leaves at most one torn last line, which the next open drops (that clip is
 decoded again). Clips whose successful record survives are skipped, so the final file holds
@@ -190,19 +190,30 @@ def _write_atomically(path: Path, lines: list[str]) -> None:
 
 
 def _keep_backup(path: Path) -> Path:
-    """Copy `path` to a new backup file (never over an existing one), on disk before returning."""
-    data = path.read_bytes()
+    """Keep the old file under a new backup name (never over an existing one), on disk on return."""
     while True:
         backup = backup_path(path)
         try:
-            with open(backup, "xb") as f:  # "x": a backup that appeared meanwhile is never replaced
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            # A hard link is atomic and never replaces an existing name; the compaction's rename then
+            # gives `path` a new file and leaves the backup the old bytes. A kill leaves no half copy.
+            os.link(path, backup)
         except FileExistsError:
-            continue
+            continue  # a backup appeared meanwhile: take the next name
+        except OSError:  # a filesystem without hard links: copy instead
+            try:
+                _copy_new(path, backup)
+            except FileExistsError:
+                continue
         _fsync_dir(path.parent)
         return backup
+
+
+def _copy_new(src: Path, dst: Path) -> None:
+    data = src.read_bytes()
+    with open(dst, "xb") as f:  # "x": never over an existing file
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class ResultsFile:

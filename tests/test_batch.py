@@ -197,6 +197,20 @@ def test_overwrite_starts_over_keeping_each_old_file_as_a_new_backup(tmp_path):
         assert results.backup is None  # an empty file holds nothing to keep
 
 
+def test_overwrite_copies_the_old_file_where_hard_links_are_not_supported(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    out = tmp_path / "r.jsonl"
+    out.write_bytes(b"garbage\n")
+    (tmp_path / "r.jsonl.bak").write_bytes(b"older\n")
+    with ResultsFile(out, SETTINGS, overwrite=True) as results:
+        assert results.backup == tmp_path / "r.jsonl.bak-2"
+    assert (tmp_path / "r.jsonl.bak-2").read_bytes() == b"garbage\n" and out.read_bytes() == b""
+    assert (tmp_path / "r.jsonl.bak").read_bytes() == b"older\n"
+
+
 def test_one_writer_per_results_file(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text(OK_LINE, encoding="utf-8")
