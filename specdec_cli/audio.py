@@ -1,7 +1,9 @@
 """Read one clip from disk, refuse what the model cannot use, return mono float32 at its rate.
 
 soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); librosa
-downmixes and resamples. Each refusal is an InputError whose one line says what is wrong and what
+resamples. numpy, soundfile and librosa are imported when a clip is read, not with the module:
+the CLI checks paths before paying for them, and librosa (numba, scipy.signal: over a second) only
+when a clip's rate differs from the model's. Each refusal is an InputError whose one line says what is wrong and what
 to do. Loudness is never normalised: volume is one of the attributes the model describes.
 """
 
@@ -9,11 +11,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import numpy as np
-import soundfile as sf
+from typing import TYPE_CHECKING
 
 from .errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MIN_SECONDS = 0.1
 # Below this peak a clip carries no speech to describe. Real quiet speech ("音量较小" in the demo
@@ -26,6 +29,8 @@ _FORMAT_SUFFIXES = {"WAV": (".wav",), "FLAC": (".flac",), "OGG": (".ogg",), "MP3
 
 def audio_suffixes() -> tuple[str, ...]:
     """Suffixes of the formats the installed libsndfile decodes (MP3 needs libsndfile >= 1.1)."""
+    import soundfile as sf
+
     available = sf.available_formats()
     return tuple(s for fmt, suffixes in _FORMAT_SUFFIXES.items() if fmt in available for s in suffixes)
 
@@ -58,6 +63,8 @@ def check_path(path: Path) -> None:
 
 
 def _info(path: Path):  # -> soundfile's info record (frames, samplerate, channels, ...)
+    import soundfile as sf
+
     try:
         return sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, OSError) as exc:
@@ -66,6 +73,9 @@ def _info(path: Path):  # -> soundfile's info record (frames, samplerate, channe
 
 def load_audio(path: str | Path, sampling_rate: int, max_seconds: float) -> np.ndarray:
     """The clip at `path` as mono float32 at `sampling_rate`, after validation (see module doc)."""
+    import numpy as np
+    import soundfile as sf
+
     path = Path(path)
     check_path(path)
     info = _info(path)
@@ -91,13 +101,17 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float) -> np.n
 
 
 def _prepare(data: np.ndarray, rate: int, sampling_rate: int, path: Path) -> np.ndarray:
-    import librosa  # lazy: librosa's import pulls numba/scipy machinery only a real read needs
+    import numpy as np
 
-    mono = librosa.to_mono(data.T)  # [frames]: the mean of the channels, as the model hears them
+    # The mean of the channels, as the model hears them: what librosa.to_mono computes (tested
+    # against it), without importing librosa for every clip.
+    mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1)
     peak = float(np.abs(mono).max())
     if peak < 10 ** (SILENCE_DBFS / 20):
         raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
                          "check the recording")
     if rate != sampling_rate:
+        import librosa  # lazy: numba and scipy.signal, only when a clip needs resampling
+
         mono = librosa.resample(mono, orig_sr=rate, target_sr=sampling_rate)
     return np.ascontiguousarray(mono, dtype=np.float32)

@@ -17,23 +17,25 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from . import __version__, ui
+from . import __version__, models, ui
 from .audio import audio_suffixes, check_path, load_audio
 from .batch import ResultsFile, dumps_record, find_audio, pending, run_batch
+from .calibrate import calibrate_command
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .eval_command import eval_command
 from .metrics import build_record, modelled_latency
 from .models import demo_pair, dtype_name, load_pair, presets_file_for
-from .presets import Preset, load_presets, resolve
+from .presets import Preset, check_presets_file, load_presets, resolve
 from .run_settings import RunSettings
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .models import ModelPair
     from .pipeline import Description
 
@@ -137,6 +139,9 @@ CloudOpt = Annotated[str | None, typer.Option(help="Cloud model: folder or Hub i
                                               show_default=False, rich_help_panel=_M)]
 DeviceOpt = Annotated[str, typer.Option(help="Torch device for both models.", rich_help_panel=_M)]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.", rich_help_panel=_M)]
+PresetsFileOpt = Annotated[Path | None, typer.Option(
+    "--presets", help="A presets file (e.g. from `specdec calibrate`); its presets override the built-in ones.",
+    show_default=False, rich_help_panel=_D)]
 RttOpt = Annotated[float | None, typer.Option(
     min=0, help="Modelled edge-cloud round trip (ms): adds latency_modelled_s to the record (computed, never slept).",
     show_default=False)]
@@ -154,10 +159,11 @@ class Flags:
     device: str
     dtype: str
     rtt_ms: float | None
+    presets_file: Path | None = None  # --presets FILE, layered over the model folder's presets
 
 
 def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype: str, rtt_ms: float | None,
-           **given: Any) -> Flags:
+           *, presets_file: Path | None = None, **given: Any) -> Flags:
     overrides = {}
     for name, value in given.items():
         if value is None:
@@ -170,7 +176,7 @@ def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype:
     # Check the flags now, before any model is loaded (a preset cannot make a bad flag good).
     _config(Preset("defaults", {}, "built-in"), overrides)
     dtype_name(dtype)  # a typo in a flag is bad usage (InputError, exit 2), caught before loading
-    return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms)
+    return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms, check_presets_file(presets_file))
 
 
 def _config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig:
@@ -189,7 +195,7 @@ def run_settings(flags: Flags) -> tuple[DecodingConfig, str | None, RunSettings]
     """The decoding config, the preset name a record shows, and the settings every record carries;
     all found without loading a model (an unknown preset fails here), so a batch can check its
     results file before paying for the load."""
-    preset = resolve(flags.preset, presets_file_for(flags.edge))
+    preset = resolve(flags.preset, [presets_file_for(flags.edge), flags.presets_file])
     cfg = _config(preset, flags.overrides)
     name = preset.name if cfg.mode == "spec" else None
     edge, cloud = flags.edge, flags.cloud
@@ -203,10 +209,9 @@ def _quiet_libraries() -> None:
     """Keep stderr to our own lines: no weight-loading bars or advisory warnings from transformers."""
     if _debug():
         return
-    from transformers.utils import logging as hf_logging
+    from .fast_imports import quiet_transformers  # without importing transformers: --help stays instant
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
 
 
 # -- one loaded pair, used for one clip (describe) or many (batch) ------------------------------
@@ -218,6 +223,7 @@ class Session:
         self.cfg, self.preset, self.settings = run_settings(flags)  # a bad preset fails before loading
         with err.status("loading models…") if err.is_terminal else nullcontext():
             self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype)
+        models.one_thread_if_tiny(self.pair)
         self.rtt_ms = flags.rtt_ms
         from .pipeline import Describer  # torch + transformers, loaded with the models
 
@@ -286,6 +292,7 @@ def _root(
         import torch  # only when asked: --version and flag errors stay instant
 
         torch.set_num_threads(threads)
+        models.threads_pinned = True  # the user's choice: not reset to 1 for a tiny pair
 
 
 @app.command()
@@ -305,8 +312,12 @@ def describe(
     cloud: CloudOpt = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
+    presets_file: PresetsFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result record as one JSON object on stdout.")] = False,
     no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.")] = False,
+    trace: Annotated[bool | None, typer.Option(
+        "--trace/--no-trace", help="Keep the decoding trace (one line per block) on stderr when decoding ends. "
+        "Default: on a terminal.", show_default=False)] = None,
     cloud_rtt_ms: RttOpt = None,
     plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
                                               "to this PNG. Needs matplotlib.", show_default=False)] = None,
@@ -314,9 +325,9 @@ def describe(
     """Describe the speaker in CLIP: prints the sentence (or the record with --json)."""
     path = Path(clip)
     check_path(path)
-    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, mode=mode, verify=verify, threshold=threshold,
-                   k=k, uncertainty=uncertainty, constraints=constraints, max_new_tokens=max_new_tokens,
-                   sample=sample, seed=seed)
+    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
+                   verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
+                   max_new_tokens=max_new_tokens, sample=sample, seed=seed)
     plot_trace = _plot_trace_fn() if plot is not None else None
     err = _stderr()
     session = Session(flags, err)
@@ -329,6 +340,8 @@ def describe(
     with view:
         desc = session.describer.run(audio, session.cfg, on_block=view.on_block)
     record = session.record(clip, audio, desc)
+    if (err.is_terminal if trace is None else trace) and desc.result.events:
+        err.print(ui.trace_table(desc.result.events, session.pair.tokenizer, session.cfg))
     err.print(ui.summary_panel(record))
     if plot_trace is not None and plot is not None:
         written = plot_trace(desc.result.events, session.cfg.threshold, plot, tokenizer=session.pair.tokenizer)
@@ -364,6 +377,7 @@ def batch(
     cloud: CloudOpt = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
+    presets_file: PresetsFileOpt = None,
     cloud_rtt_ms: RttOpt = None,
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
@@ -373,9 +387,9 @@ def batch(
     holding anything else (other settings, another tool's lines) is refused, never rewritten; one
     --out takes one run at a time."""
     files = find_audio(directory, audio_suffixes(), recursive)
-    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, mode=mode, verify=verify, threshold=threshold,
-                   k=k, uncertainty=uncertainty, constraints=constraints, max_new_tokens=max_new_tokens,
-                   sample=sample, seed=seed)
+    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
+                   verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
+                   max_new_tokens=max_new_tokens, sample=sample, seed=seed)
     err = _stderr()
     with ResultsFile(out, run_settings(flags)[2], overwrite) as results:
         if results.backup is not None:
@@ -406,11 +420,11 @@ def batch(
 @app.command("presets")
 def presets_command(
     edge: EdgeOpt = None,
+    presets_file: PresetsFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the presets as one JSON object.")] = False,
 ) -> None:
-    """List the presets, their values and where each comes from (configs/ or the model folder)."""
-    model_file = presets_file_for(edge)
-    merged = load_presets(model_file)
+    """List the presets, their values and where each comes from (configs/, the model folder or --presets)."""
+    merged = load_presets([presets_file_for(edge), check_presets_file(presets_file)])
     if json_out:
         data = {name: {**p.values, "source": p.source, "description": p.description} for name, p in merged.items()}
         sys.stdout.write(dumps_record(data) + "\n")
@@ -419,6 +433,7 @@ def presets_command(
 
 
 app.command("eval")(eval_command)
+app.command("calibrate")(calibrate_command)
 
 
 def main() -> None:

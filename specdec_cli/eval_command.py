@@ -20,6 +20,7 @@ from rich.text import Text
 
 from . import evaluate
 from .errors import InputError
+from .presets import check_presets_file
 
 
 def _tables(report: dict[str, Any]) -> list[Table]:
@@ -81,6 +82,9 @@ def eval_command(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.")] = "float32",
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens per description.")] = 64,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")] = False,
+    presets_file: Annotated[Path | None, typer.Option(
+        "--presets", help="A presets file (e.g. from `specdec calibrate`) for the fluent, quality and always modes.",
+        show_default=False)] = None,
 ) -> None:
     """Score edge-only, cloud-only and the speculative modes on labelled clips: accuracy per
     attribute, sentence validity, cloud calls, latency and speedup."""
@@ -95,6 +99,7 @@ def eval_command(
     if report is not None and report.suffix == ".md":
         raise InputError(f"--report {report} must not end in .md: the Markdown version is written beside it")
     mode_names = evaluate.parse_modes(modes)
+    check_presets_file(presets_file)
     thresholds = evaluate.parse_sweep(sweep) if sweep else []
     labels_path = labels if labels is not None else directory / "labels.jsonl"
     clips = evaluate.read_labels(labels_path, directory)[:limit]
@@ -108,7 +113,7 @@ def eval_command(
 
     with err.status("loading models…"):
         pair = load_pair(edge, cloud, device, dtype)
-    eval_modes = evaluate.mode_configs(mode_names, pair.presets_file, max_new_tokens, k, thresholds)
+    eval_modes = evaluate.mode_configs(mode_names, [pair.presets_file, presets_file], max_new_tokens, k, thresholds)
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True)

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from . import __version__
 from .audio import load_audio
 from .decoding.config import DecodingConfig
@@ -28,6 +26,8 @@ from .phrases import ATTRIBUTES, predict
 from .presets import PresetFiles, resolve
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .pipeline import Describer
 
 SENTENCE_ENDS = "。！？"
@@ -132,6 +132,8 @@ def parse_sweep(text: str) -> list[float]:
         raise InputError(f"bad --sweep {text!r}: START and STOP are numbers, COUNT an integer") from None
     if count < 1 or not (math.isfinite(start) and math.isfinite(stop)) or min(start, stop) < 0:
         raise InputError(f"bad --sweep {text!r}: thresholds are finite and >= 0, COUNT >= 1")
+    import numpy as np  # lazy, like every import the CLI's start-up does not need
+
     return list(dict.fromkeys(round(float(t), 6) for t in np.linspace(start, stop, count)))
 
 
@@ -226,11 +228,15 @@ def latency_stats(values: Sequence[float]) -> dict[str, float | None]:
     """Mean, median and 95th percentile (linear interpolation, numpy's default)."""
     if not values:
         return {"mean": None, "p50": None, "p95": None}
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     return {"mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95))}
 
 
 def _mean(values: Sequence[float]) -> float | None:
+    import numpy as np
+
     return float(np.mean(values)) if len(values) else None
 
 

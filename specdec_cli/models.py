@@ -61,6 +61,9 @@ def parse_dtype(name: str) -> Any:
 
 def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
     """Load one model for decoding (eval mode, on `device`). Raises ModelError naming the path."""
+    from .fast_imports import import_transformers
+
+    import_transformers()
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2_5OmniThinkerForConditionalGeneration
 
     try:
@@ -82,6 +85,9 @@ def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> 
 
 
 def load_processor(path_or_id: str) -> AudioTextProcessor:
+    from .fast_imports import import_transformers
+
+    import_transformers()  # before .processor imports transformers: one scan of its models folder
     from .processor import AudioTextProcessor
 
     try:
@@ -94,6 +100,32 @@ def load_processor(path_or_id: str) -> AudioTextProcessor:
 def same_tokenizer(a, b) -> bool:
     """Same vocabulary (token -> id) and the same special tokens."""
     return a.get_vocab() == b.get_vocab() and a.all_special_tokens == b.all_special_tokens
+
+
+# Every file AutoTokenizer may read to build a tokenizer (fast, slow, added and special tokens).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
+                   "tokenizer.model", "added_tokens.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json")
+
+
+def same_tokenizer_files(a: str, b: str) -> bool:
+    """Two local folders whose tokenizer files are byte-identical (and present in both or neither)
+    load the same tokenizer, so the cloud's need not be loaded just to be compared (a Qwen
+    tokenizer takes about a second). Anything else (a Hub id, a missing or differing file): False,
+    and the caller loads and compares."""
+    da, db = Path(a), Path(b)
+    if not (da.is_dir() and db.is_dir()):
+        return False
+    found = False
+    for name in TOKENIZER_FILES:
+        fa, fb = da / name, db / name
+        if fa.is_file() != fb.is_file():
+            return False
+        if fa.is_file():
+            if fa.stat().st_size != fb.stat().st_size or fa.read_bytes() != fb.read_bytes():
+                return False
+            found = True
+    return found
 
 
 @dataclass
@@ -137,8 +169,8 @@ def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "
         demo_edge, demo_cloud = demo_pair()
         edge, cloud = edge or demo_edge, cloud or demo_cloud
     processor = load_processor(edge)
-    cloud_tok = load_processor(cloud).tokenizer
-    if not same_tokenizer(processor.tokenizer, cloud_tok):
+    cloud_tok = processor.tokenizer if same_tokenizer_files(edge, cloud) else load_processor(cloud).tokenizer
+    if cloud_tok is not processor.tokenizer and not same_tokenizer(processor.tokenizer, cloud_tok):
         raise ModelError(f"edge {edge!r} and cloud {cloud!r} have different tokenizers "
                          f"({len(processor.tokenizer)} vs {len(cloud_tok)} tokens); pick a pair from one family")
     edge_model = load_model(edge, device, dtype)
@@ -148,3 +180,20 @@ def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "
 
     masks = Masks.for_tokenizer(processor.tokenizer, vocab)
     return ModelPair(edge_model, cloud_model, processor, masks, eos_ids_for(processor.tokenizer), edge, cloud)
+
+
+# Set by `specdec --threads N`: the user's choice, which `one_thread_if_tiny` leaves alone.
+threads_pinned = False
+TINY_PARAMS = 20_000_000
+
+
+def one_thread_if_tiny(pair: ModelPair) -> None:
+    """One torch thread when both models are tiny and on the CPU (the demo pair: 2M parameters).
+    Their matmuls are a few thousand multiply-adds, less work than waking and joining a pool of
+    threads, which on a busy machine also wait for cores; measured in the README's start-up note."""
+    if threads_pinned or pair.edge.device.type != "cpu" or pair.cloud.device.type != "cpu":
+        return
+    if sum(p.numel() for m in (pair.edge, pair.cloud) for p in m.parameters()) <= TINY_PARAMS:
+        import torch
+
+        torch.set_num_threads(1)

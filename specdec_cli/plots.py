@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +53,28 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def _cjk_font() -> str | None:
+@lru_cache(maxsize=8)
+def font_for(text: str) -> str | None:
+    """An installed font (matplotlib's font manager) with a glyph for every character of `text`:
+    the preferred CJK fonts first, then any other. None when no installed font covers it."""
     from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
 
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    return next((name for name in CJK_FONTS if name in installed), None)
+    chars = {ord(c) for c in text if not c.isspace()}
+    entries = sorted(font_manager.fontManager.ttflist,
+                     key=lambda f: CJK_FONTS.index(f.name) if f.name in CJK_FONTS else len(CJK_FONTS))
+    for entry in entries:
+        try:
+            font = FT2Font(entry.fname)
+        except (OSError, RuntimeError):  # a broken or unsupported font file: try the next
+            continue
+        if all(font.get_char_index(c) for c in chars):
+            return entry.name
+    return None
+
+
+def _cjk_font() -> str | None:
+    return font_for("说话人声音")
 
 
 def _num(value: Any) -> float | None:
@@ -104,12 +122,23 @@ def plot_frontier(report: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def _token_labels(events: Sequence[BlockEvent], tokenizer) -> list[str] | None:
-    """Each draft token's text, or None when there is no tokenizer or no font to draw CJK with
-    (boxes of missing glyphs would say less than the index axis)."""
-    if tokenizer is None or _cjk_font() is None:
-        return None
-    return [tokenizer.decode([t], skip_special_tokens=False) for e in events for t in e.draft]
+NO_FONT_NOTE = "token ids shown: no installed font has these characters (e.g. apt install fonts-noto-cjk)"
+
+
+def _token_labels(events: Sequence[BlockEvent], tokenizer) -> tuple[list[str], str | None, str | None]:
+    """The x axis labels: each draft token's text and the font that draws it; without a tokenizer,
+    or when no installed font has its characters (boxes of missing glyphs say less than a number),
+    the token ids, with a note saying why."""
+    ids = [t for e in events for t in e.draft]
+    if tokenizer is None:
+        return [str(t) for t in ids], None, None
+    from .ui import token_text  # specials by name, newlines and spaces made visible
+
+    texts = [token_text(tokenizer, t) for t in ids]
+    font = font_for("".join(sorted(set("".join(texts)))))
+    if font is None:
+        return [str(t) for t in ids], None, NO_FONT_NOTE
+    return texts, font, None
 
 
 def plot_trace(events: Sequence[BlockEvent], threshold: float, path: str | Path, tokenizer=None) -> Path:
@@ -143,12 +172,12 @@ def plot_trace(events: Sequence[BlockEvent], threshold: float, path: str | Path,
         x += n
     if math.isfinite(threshold):
         ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:g}")
-    labels = _token_labels(events, tokenizer)
-    if labels is not None and len(labels) <= 120:
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, fontsize=7, fontfamily=_cjk_font())
+    labels, font, note = _token_labels(events, tokenizer)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7 if len(labels) <= 60 else 5, fontfamily=font,
+                       rotation=0 if font is not None else 90)
     ax.set_xlim(-1, x)
-    ax.set_xlabel("draft token")
+    ax.set_xlabel("draft token" + (f" ({note})" if note else "" if font is not None else " id"))
     ax.set_ylabel("nats")
     ax.set_title("edge entropy per draft token")
     ax.set_ylim(0, max(max(e.uncertainty for e in events), max(max(e.entropies, default=0) for e in events),

@@ -1,10 +1,12 @@
 """Presets: configs/*.toml, overridden by a model folder's own `specdec_presets.toml` (the demo
-pair ships thresholds calibrated for its vocabulary), overridden by explicit flags."""
+pair ships thresholds calibrated for its vocabulary), overridden by a `--presets FILE` (what
+`specdec calibrate` writes), overridden by explicit flags."""
 
 from __future__ import annotations
 
 import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,24 +47,47 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_presets(model_presets: Path | None = None) -> dict[str, Preset]:
-    """All presets by name. A model folder's file replaces the values it names."""
+# One presets file, or several layered in order (None entries skipped): the model folder's, then --presets.
+PresetFiles = Path | Sequence[Path | None] | None
+
+
+def _files(files: PresetFiles) -> list[Path]:
+    if files is None:
+        return []
+    if isinstance(files, Path):
+        return [files]
+    return [f for f in files if f is not None]
+
+
+def check_presets_file(path: Path | None) -> Path | None:
+    """A --presets FILE: it must exist and parse (InputError otherwise), before any model loads."""
+    if path is None:
+        return None
+    if not path.is_file():
+        raise InputError(f"presets file not found: {path} (write one with `specdec calibrate`)")
+    _read(path)
+    return path
+
+
+def load_presets(model_presets: PresetFiles = None) -> dict[str, Preset]:
+    """All presets by name. Each file given (a model folder's, then a --presets file) replaces the
+    values it names."""
     presets: dict[str, Preset] = {}
     for path in sorted(configs_dir().glob("*.toml")):
         data = _read(path)
         presets[path.stem] = Preset(path.stem, {k: data[k] for k in PRESET_KEYS if k in data},
                                     f"configs/{path.name}", data.get("description", ""))
-    if model_presets is not None:
-        for name, table in _read(model_presets).items():
+    for path in _files(model_presets):
+        for name, table in _read(path).items():
             if not isinstance(table, dict):
                 continue
             base = presets.get(name, Preset(name, {}, "", ""))
             values = {**base.values, **{k: table[k] for k in PRESET_KEYS if k in table}}
-            presets[name] = Preset(name, values, _shown(model_presets), table.get("description", base.description))
+            presets[name] = Preset(name, values, _shown(path), table.get("description", base.description))
     return presets
 
 
-def resolve(name: str, model_presets: Path | None = None) -> Preset:
+def resolve(name: str, model_presets: PresetFiles = None) -> Preset:
     presets = load_presets(model_presets)
     if name not in presets:
         raise InputError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(presets))}")

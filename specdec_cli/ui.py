@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 from .presets import PRESET_KEYS, Preset
 
 ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
+UNIT = "nats"
 _UNCERTAINTY_LABEL = {"sum": "ΣH", "max": "max H", "mean": "mean H"}
 
 
@@ -194,6 +196,42 @@ class LiveView:
         speed = f"{snap.tokens_per_s:.1f}" if snap.tokens_per_s is not None else "–"
         return Text(f"cloud calls {snap.cloud_calls} · acceptance {rate} · {speed} tok/s · {snap.tokens} tokens",
                     style="cyan")
+
+
+def trace_table(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> Table:
+    """The whole decode, one line per block, to stay on screen above the summary (the Live view is
+    transient and a demo-pair decode is over in a tenth of a second): each draft token with its
+    entropy, coloured against the block's share of the threshold, and its verdict; the cloud's
+    recovered or bonus token; the block's uncertainty against the threshold; why it went to the
+    cloud (entropy, loop, always) or that it stayed on the edge."""
+    label = _UNCERTAINTY_LABEL[cfg.uncertainty]
+    thr = format_threshold(cfg.threshold)
+    table = Table(title=f"trace · escalate when {label} > {thr} · k {cfg.k} · verify {cfg.verify}",
+                  title_style="bold", title_justify="left", box=None, padding=(0, 1), header_style="dim")
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
+    table.add_column(f"draft: token H({UNIT}) verdict")
+    table.add_column("cloud", no_wrap=True)
+    table.add_column(f"{label} vs {thr}", justify="right", no_wrap=True)
+    table.add_column("block", no_wrap=True)
+    for e in events:
+        budget = token_budget(cfg, len(e.draft))
+        draft = Text()
+        for tok, h, (mark, style) in zip(e.draft, e.entropies, marks(e), strict=True):
+            if draft:
+                draft.append("  ")
+            draft.append(token_text(tokenizer, tok), style="bold")
+            draft.append(f" {h:.2f}", style=entropy_style(h, budget))
+            draft.append(mark, style=style)
+        cloud = (Text(f"{token_text(tokenizer, e.correction)} {e.correction_kind}", style="magenta")
+                 if e.correction is not None else Text(""))
+        over = e.uncertainty > cfg.threshold
+        gate = Text(f"{e.uncertainty:.2f} {'>' if over else '≤'} {thr}", style="red" if over else "green")
+        if e.escalated:
+            block = Text(f"→ cloud ({e.reason}): {e.accepted}/{len(e.draft)} kept", style="magenta")
+        else:
+            block = Text("kept on the edge", style="green")
+        table.add_row(str(e.index + 1), draft, cloud, gate, block)
+    return table
 
 
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:

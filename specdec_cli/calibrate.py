@@ -1,0 +1,350 @@
+"""`specdec calibrate DIR --out presets.toml`: find the thresholds that mean "quality" and "fluent"
+for any edge/cloud pair, on the user's own clips, in one process.
+
+What it runs, on every clip: cloud-only, edge-only, and a threshold × k sweep of the speculative
+mode. The thresholds are read off the edge itself: for each k, the percentiles of the block
+uncertainties the edge produces on the calibration clips (a never-escalating run, threshold = inf,
+which is also the sweep's cheapest point). That makes the grid fit any pair's scale: a 152k-token
+Qwen vocabulary sums to several nats per block, the 150-token demo vocabulary to a fraction of one.
+
+Clips are split into alternating halves (1st, 3rd, … calibrate; 2nd, 4th, … check). The presets are
+chosen on the calibration half only, as the cheapest setting (fewest cloud calls per output token)
+whose quality is within `quality_points` / `fluent_points` of cloud-only's; the check half then says
+how each choice holds up on clips it was not chosen on.
+
+Quality, in points (0–100):
+* with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores);
+* without labels: agreement with cloud-only's sentence for the same clip. Where cloud-only's
+  sentence states attributes by canonical phrases, the share of those attributes the setting
+  states the same way; otherwise difflib's character-level similarity ratio to it. Speculative
+  decoding exists to reproduce the cloud's output at a fraction of its calls (with every block
+  verified it is exactly cloud-only's output), so distance from cloud-only is precisely what a
+  threshold trades away. Cloud-only scores 100 on it by construction.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import __version__
+from .decoding.config import DecodingConfig
+from .errors import InputError
+from .phrases import ATTRIBUTES, predict
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .pipeline import Describer
+
+PERCENTILES = (10, 25, 40, 50, 60, 75, 90)
+
+
+# -- scoring ---------------------------------------------------------------------------------------
+
+def agreement(text: str, reference: str) -> tuple[float, str]:
+    """How closely `text` says what `reference` (cloud-only's sentence) says, in [0, 1], and which
+    measure was used: "phrases" (share of the reference's stated attributes stated alike) when the
+    reference holds canonical phrases, else "chars" (difflib's similarity ratio)."""
+    ref = {a: v for a, v in predict(reference).items() if v is not None}
+    if ref:
+        got = predict(text)
+        return sum(got[a] == v for a, v in ref.items()) / len(ref), "phrases"
+    return difflib.SequenceMatcher(None, text, reference, autojunk=False).ratio(), "chars"
+
+
+def label_accuracy(text: str, labels: dict[str, str]) -> float:
+    """Mean attribute accuracy of one description against its labels, in [0, 1] (eval's scoring)."""
+    from .evaluate import score
+
+    correct = score(text, labels)["correct"]
+    return sum(correct.values()) / len(ATTRIBUTES)
+
+
+# -- the settings and their results ----------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One setting over every clip: per-clip text, tokens and cloud calls, in clip order."""
+
+    name: str
+    cfg: DecodingConfig
+    texts: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    uncertainties: list[list[float]] = field(default_factory=list)  # per clip, each block's
+
+
+@dataclass(frozen=True)
+class Score:
+    quality: float      # points, 0–100
+    call_rate: float    # cloud calls per output token, pooled over the clips
+
+
+def score_run(run: Run, idx: Sequence[int], quality_of: Callable[[int, str], float]) -> Score:
+    tokens = sum(run.tokens[i] for i in idx)
+    calls = sum(run.calls[i] for i in idx)
+    quality = 100.0 * sum(quality_of(i, run.texts[i]) for i in idx) / max(len(idx), 1)
+    return Score(quality, calls / tokens if tokens else 0.0)
+
+
+def thresholds_for(uncertainties: Sequence[float]) -> list[float]:
+    """The sweep's thresholds for one k: 0 (nearly every block to the cloud), the percentiles of
+    the edge's own block uncertainties, rounded to 3 significant digits, and inf (never)."""
+    import numpy as np
+
+    values = {0.0, math.inf}
+    if uncertainties:
+        for p in np.percentile(np.asarray(uncertainties, dtype=float), PERCENTILES):
+            values.add(float(f"{float(p):.3g}"))
+    return sorted(values)
+
+
+def pick(candidates: Sequence[tuple[Run, Score]], target: float) -> tuple[Run, Score, bool]:
+    """The cheapest candidate scoring at least `target`; ties go to the better quality, then the
+    higher threshold. When none reaches it: the best quality (flagged False)."""
+    fits = [(r, s) for r, s in candidates if s.quality >= target - 1e-9]
+    if fits:
+        r, s = min(fits, key=lambda rs: (rs[1].call_rate, -rs[1].quality, -rs[0].cfg.threshold))
+        return r, s, True
+    r, s = max(candidates, key=lambda rs: (rs[1].quality, -rs[1].call_rate))
+    return r, s, False
+
+
+# -- the presets file ------------------------------------------------------------------------------
+
+def _toml_float(x: float) -> str:
+    return "inf" if math.isinf(x) else repr(float(x))
+
+
+@dataclass(frozen=True)
+class Choice:
+    name: str
+    points: float
+    run: Run
+    calib: Score
+    check: Score
+    met: bool
+
+
+def presets_toml(choices: Sequence[Choice], header: Sequence[str], baselines: dict[str, tuple[Score, Score]]) -> str:
+    """The presets file: a header saying what was measured on what, then one table per preset
+    with its calibration-half and check-half scores as comments."""
+    lines = [f"# {h}" if h else "#" for h in header]
+    for name, (cal, chk) in baselines.items():
+        lines.append(f"# {name}: quality {cal.quality:.1f} calibration / {chk.quality:.1f} check, "
+                     f"cloud calls per token {cal.call_rate:.3f} / {chk.call_rate:.3f}")
+    for c in choices:
+        cfg = c.run.cfg
+        how = "cheapest" if c.met else "none reached the target: best quality"
+        lines += ["", f"[{c.name}]",
+                  f'description = "{how} within {c.points:g} point(s) of cloud-only (specdec calibrate)"',
+                  f"threshold = {_toml_float(cfg.threshold)}", f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
+                  f'verify = "{cfg.verify}"',
+                  f"# calibration half: quality {c.calib.quality:.1f}, cloud calls per token {c.calib.call_rate:.3f}",
+                  f"# check half:       quality {c.check.quality:.1f}, cloud calls per token {c.check.call_rate:.3f}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def _clips(directory: Path, labels: Path | None) -> tuple[list[str], list[Path], list[dict[str, str]] | None]:
+    if labels is not None:
+        from .evaluate import read_labels
+
+        clips = read_labels(labels, directory)
+        return [c.file for c in clips], [c.path for c in clips], [c.labels for c in clips]
+    from .audio import audio_suffixes
+    from .batch import find_audio
+
+    paths = find_audio(directory, audio_suffixes())
+    return [str(p.relative_to(directory)) for p in paths], paths, None
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"bad --ks {text!r}; give block lengths as a comma list, e.g. 4,6") from None
+    if not ks or ks[0] < 1:
+        raise InputError(f"bad --ks {text!r}; block lengths are integers >= 1")
+    return ks
+
+
+def _decode(describer: Describer, audio: np.ndarray, run: Run) -> None:
+    out = describer.run(audio, run.cfg)
+    run.texts.append(out.text)
+    run.tokens.append(out.result.stats.tokens)
+    run.calls.append(out.result.stats.cloud_calls)
+    run.uncertainties.append([e.uncertainty for e in out.result.events])
+
+
+def calibrate_command(
+    directory: Annotated[Path, typer.Argument(help="Folder of clips to calibrate on.", metavar="DIR",
+                                              show_default=False)],
+    out: Annotated[Path, typer.Option(help="Write the presets here (TOML); use it with --presets.",
+                                      show_default=False)],
+    labels: Annotated[Path | None, typer.Option(
+        help="labels.jsonl (as for eval): score by attribute accuracy. Without it, quality is agreement "
+             "with cloud-only's output on the same clips.", show_default=False)] = None,
+    quality_points: Annotated[float, typer.Option(
+        min=0, help="quality = the cheapest setting within this many points of cloud-only.")] = 1.0,
+    fluent_points: Annotated[float, typer.Option(
+        min=0, help="fluent = the cheapest setting within this many points of cloud-only.")] = 3.0,
+    ks: Annotated[str, typer.Option("--ks", help="Block lengths to sweep (comma list).")] = "4,6",
+    uncertainty: Annotated[str, typer.Option(help="Block uncertainty: sum, max or mean.")] = "sum",
+    limit: Annotated[int | None, typer.Option(min=2, help="Only the first N clips.", show_default=False)] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per description.")] = 64,
+    edge: Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
+                                             show_default=False)] = None,
+    cloud: Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id (default: bundled demo cloud).",
+                                              show_default=False)] = None,
+    device: Annotated[str, typer.Option(help="Torch device for both models.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.")] = "float32",
+) -> None:
+    """Calibrate the quality and fluent presets for a pair on your clips: cloud-only, edge-only and
+    a threshold × k sweep, chosen on one half of the clips and checked on the other."""
+    err = Console(stderr=True, highlight=False)
+    # Every cheap check before any model loads.
+    k_values = _parse_ks(ks)
+    if uncertainty not in ("sum", "max", "mean"):
+        raise InputError(f"bad --uncertainty {uncertainty!r}; use sum, max or mean")
+    if out.suffix == ".md" or out.is_dir():
+        raise InputError(f"--out {out} must be a .toml file path")
+    from .models import parse_dtype
+
+    parse_dtype(dtype)
+    names, paths, clip_labels = _clips(directory, labels)
+    names, paths = names[:limit], paths[:limit]
+    if len(paths) < 2:
+        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has {len(paths)}")
+    calib = list(range(0, len(paths), 2))
+    check = list(range(1, len(paths), 2))
+
+    from .audio import load_audio
+    from .evaluate import warm_up
+    from .models import load_pair
+    from .pipeline import Describer
+
+    with err.status("loading models…") if err.is_terminal else _null():
+        pair = load_pair(edge, cloud, device, dtype)
+    describer = Describer(pair)
+    proc = pair.processor
+    audios = [load_audio(p, proc.sampling_rate, proc.max_seconds) for p in paths]
+    warm_up(describer, audios[0])
+
+    base = DecodingConfig(max_new_tokens=max_new_tokens, uncertainty=uncertainty)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+    runs: list[Run] = []
+    with progress:
+        # The total grows once the thresholds are known; this first estimate counts the fixed runs.
+        total = len(paths) * (2 + len(k_values) * (len(PERCENTILES) + 2))
+        task = progress.add_task("calibrating", total=total)
+
+        def run_all(run: Run) -> Run:
+            for name, audio in zip(names, audios, strict=True):
+                progress.update(task, description=f"{run.name:>14} {name}")
+                _decode(describer, audio, run)
+                progress.advance(task)
+            runs.append(run)
+            return run
+
+        cloud_run = run_all(Run("cloud-only", base.with_(mode="cloud")))
+        edge_run = run_all(Run("edge-only", base.with_(mode="edge")))
+        sweep: list[Run] = []
+        for k in k_values:
+            never = run_all(Run(f"k={k} t=inf", base.with_(k=k, threshold=math.inf)))
+            sweep.append(never)
+            grid = thresholds_for([u for i in calib for u in never.uncertainties[i]])
+            progress.update(task, total=progress.tasks[0].total - (len(PERCENTILES) + 2 - len(grid)) * len(paths))
+            for t in grid:
+                if not math.isinf(t):
+                    sweep.append(run_all(Run(f"k={k} t={t:g}", base.with_(k=k, threshold=t))))
+    seconds = time.perf_counter() - start
+
+    # Scoring: labels if given, else agreement with cloud-only's sentence for the same clip.
+    used: set[str] = set()
+    if clip_labels is not None:
+        def quality_of(i: int, text: str) -> float:
+            return label_accuracy(text, clip_labels[i])
+        measure = "mean attribute accuracy against the labels (canonical phrases)"
+    else:
+        def quality_of(i: int, text: str) -> float:
+            value, how = agreement(text, cloud_run.texts[i])
+            used.add(how)
+            return value
+        measure = ""  # filled in below, once we know which agreement the clips needed
+
+    scored = {r.name: (score_run(r, calib, quality_of), score_run(r, check, quality_of)) for r in runs}
+    if clip_labels is None:
+        kinds = {"phrases": "per-attribute agreement with cloud-only's canonical phrases",
+                 "chars": "character similarity (difflib) to cloud-only's sentence"}
+        measure = "; ".join(kinds[u] for u in sorted(used, reverse=True)) or kinds["chars"]
+    cloud_cal = scored[cloud_run.name][0].quality
+    candidates = [(r, scored[r.name][0]) for r in sweep]
+    choices = []
+    for name, points in (("quality", quality_points), ("fluent", fluent_points)):
+        r, s, met = pick(candidates, cloud_cal - points)
+        choices.append(Choice(name, points, r, s, scored[r.name][1], met))
+
+    header = [f"Presets written by `specdec calibrate` (specdec {__version__}, {time.strftime('%Y-%m-%d')}).",
+              f"edge: {pair.edge_id}", f"cloud: {pair.cloud_id}",
+              f"clips: {len(paths)} from {directory} ({len(calib)} calibration: 1st, 3rd, ...; "
+              f"{len(check)} check: 2nd, 4th, ...)",
+              f"quality measure: {measure}",
+              f"sweep: k in {k_values}, thresholds = 0, the edge's block-uncertainty percentiles "
+              f"{list(PERCENTILES)} ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
+              f"chosen on the calibration half; {len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
+    text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc
+
+    err.print(results_table(runs, scored, choices, len(calib), len(check)))
+    err.print(f"quality measure: {measure}", markup=False)
+    for c in choices:
+        note = "" if c.met else f" (nothing reached within {c.points:g} points: best quality chosen)"
+        err.print(f"{c.name}: k {c.run.cfg.k}, threshold {_toml_float(c.run.cfg.threshold)}{note}", markup=False)
+    err.print(f"presets: {out} · use with --presets {out}", markup=False)
+
+
+def _null():
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],
+                  n_calib: int, n_check: int) -> Table:
+    chosen: dict[str, str] = {}
+    for c in choices:  # one setting may be both presets
+        chosen[c.run.name] = f"{chosen[c.run.name]} + {c.name}" if c.run.name in chosen else c.name
+    table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
+                  box=box.SIMPLE_HEAD)
+    for header in ("setting", "calls/tok", "quality", "check calls/tok", "check quality", "preset"):
+        table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True)
+
+    def order(r: Run) -> tuple:
+        return (r.cfg.mode == "spec", r.cfg.k, r.cfg.threshold)
+
+    for r in sorted(runs, key=order):
+        cal, chk = scored[r.name]
+        setting = f"k {r.cfg.k} · t {_toml_float(r.cfg.threshold)}" if r.cfg.mode == "spec" else r.name
+        table.add_row(setting, f"{cal.call_rate:.3f}", f"{cal.quality:.1f}", f"{chk.call_rate:.3f}",
+                      f"{chk.quality:.1f}", chosen.get(r.name, ""), style="bold" if r.name in chosen else None)
+    return table

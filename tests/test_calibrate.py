@@ -1,0 +1,167 @@
+"""`specdec calibrate`: the scoring, the choice, and the command end to end on the tiny pair, with and
+without labels; the presets file it writes is then used by describe and shown by presets."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from cli_helpers import write_clip
+from typer.testing import CliRunner
+
+from specdec_cli.calibrate import Run, Score, agreement, pick, thresholds_for
+from specdec_cli.cli import app
+from specdec_cli.decoding import DecodingConfig
+
+pytest_plugins = ["cli_fixtures"]
+
+LABELS = {"gender": "女声", "rate": "语速较快", "pitch": "音调偏高", "volume": "音量适中", "pauses": "停顿较少",
+          "emotion": "情绪激动"}
+FAST = ["--ks", "2", "--max-new-tokens", "8"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+# -- scoring and choosing ----------------------------------------------------------------------------
+
+def test_agreement_by_phrases_counts_the_references_attributes():
+    ref = "女声，语速较快，音调偏高。"           # three attributes stated
+    same, how = agreement("语速较快的女声，音调偏高。", ref)
+    assert (same, how) == (1.0, "phrases")      # wording differs, every attribute agrees
+    half, _ = agreement("女声，语速较慢，音调偏低。", ref)
+    assert half == pytest.approx(1 / 3)         # one of three agrees
+    assert agreement("", ref)[0] == 0.0
+
+
+def test_agreement_without_phrases_is_character_similarity():
+    # 4 of the 6 characters match in order: ratio = 2 * 4 / (6 + 6)
+    value, how = agreement("声音低沉快速", "声音低沉缓慢")
+    assert how == "chars" and value == pytest.approx(8 / 12)
+    assert agreement("声音低沉缓慢", "声音低沉缓慢") == (1.0, "chars")
+
+
+def test_thresholds_span_never_to_always_around_the_edges_percentiles():
+    grid = thresholds_for([float(x) for x in range(1, 11)])  # median 5.5 (numpy's linear percentile)
+    assert grid[0] == 0.0 and math.isinf(grid[-1]) and grid == sorted(grid)
+    assert 5.5 in grid and all(1 <= t <= 10 for t in grid[1:-1])
+    assert thresholds_for([]) == [0.0, math.inf]
+
+
+def _cand(t: float, q: float, rate: float) -> tuple[Run, Score]:
+    return Run(f"t={t}", DecodingConfig(threshold=t)), Score(q, rate)
+
+
+def test_pick_takes_the_cheapest_within_the_points_else_the_best():
+    cands = [_cand(0.0, 99.0, 0.5), _cand(1.0, 98.5, 0.2), _cand(2.0, 96.5, 0.1), _cand(math.inf, 90.0, 0.0)]
+    run, score, met = pick(cands, 99.0 - 1)
+    assert met and run.cfg.threshold == 1.0 and score.call_rate == 0.2
+    assert pick(cands, 99.0 - 3)[0].cfg.threshold == 2.0
+    run, _, met = pick(cands, 100.0)             # nothing reaches it: best quality, flagged
+    assert not met and run.cfg.threshold == 0.0
+
+
+# -- the command on the tiny pair --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("clips")
+    for i in range(4):
+        write_clip(root / f"c{i}.wav", seconds=0.6 + 0.2 * i, seed=i)
+    (root / "labels.jsonl").write_text(
+        "".join(json.dumps({"file": f"c{i}.wav", "labels": LABELS}, ensure_ascii=False) + "\n" for i in range(4)),
+        encoding="utf-8")
+    return root
+
+
+def _comments(text: str) -> dict[str, tuple[float, float]]:
+    """(quality, calls per token) per '# <name> half: ...' line, keyed by preset and half."""
+    out, section = {}, "header"
+    for line in text.splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        m = re.match(r"# (calibration|check) half:\s+quality ([\d.]+), cloud calls per token ([\d.]+)", line)
+        if m:
+            out[f"{section}/{m[1]}"] = (float(m[2]), float(m[3]))
+    return out
+
+
+def _cloud_line(text: str) -> tuple[float, float]:
+    m = re.search(r"# cloud-only: quality ([\d.]+) calibration / ([\d.]+) check", text)
+    assert m, text
+    return float(m[1]), float(m[2])
+
+
+@pytest.mark.parametrize("with_labels", [False, True], ids=["agreement", "labels"])
+def test_calibrate_writes_usable_presets(tmp_path, clips, models, with_labels):
+    out = tmp_path / "presets.toml"
+    args = ["calibrate", str(clips), "--out", str(out), *models, *FAST]
+    if with_labels:
+        args += ["--labels", str(clips / "labels.jsonl")]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.stderr
+    text = out.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    for name in ("quality", "fluent"):
+        assert set(data[name]) >= {"threshold", "k", "uncertainty", "verify", "description"}
+        assert data[name]["k"] == 2 and data[name]["verify"] == "entropy"
+    assert "clips: 4 from" in text and "2 calibration" in text and "2 check" in text
+    cloud_cal, cloud_chk = _cloud_line(text)
+    if with_labels:
+        assert "accuracy against the labels" in result.stderr
+    else:
+        # cloud-only agrees with itself: 100 on both halves, whichever measure the clips needed
+        assert (cloud_cal, cloud_chk) == (100.0, 100.0)
+        assert "agreement" in result.stderr or "similarity" in result.stderr
+    scores = _comments(text)
+    for name, points in (("quality", 1.0), ("fluent", 3.0)):
+        quality, _ = scores[f"{name}/calibration"]
+        if data[name]["description"].startswith("cheapest"):
+            assert quality >= cloud_cal - points - 0.05  # the comments round to one decimal
+        assert f"{name}/check" in scores
+    # fluent's allowance is wider, so it never costs more than quality
+    assert scores["fluent/calibration"][1] <= scores["quality/calibration"][1]
+    assert "calibration half" in result.stderr and "check" in result.stderr  # the table
+
+    # the file works with --presets: presets shows it, describe uses its fluent preset
+    shown = invoke("presets", "--presets", str(out), "--json")
+    assert shown.exit_code == 0, shown.stderr
+    listed = json.loads(shown.stdout)
+    thr = data["fluent"]["threshold"]
+    as_json = "inf" if math.isinf(thr) else thr  # JSON has no infinity: records write "inf"
+    assert listed["fluent"]["threshold"] == as_json
+    assert listed["fluent"]["source"].endswith("presets.toml")
+    described = invoke("describe", str(clips / "c0.wav"), "--presets", str(out), "--json", *models,
+                       "--max-new-tokens", "8")
+    assert described.exit_code == 0, described.stderr
+    record = json.loads(described.stdout)
+    assert record["threshold"] == as_json and record["k"] == 2
+
+
+def test_missing_presets_file_is_a_one_line_error(tmp_path, clips):
+    result = invoke("describe", str(clips / "c0.wav"), "--presets", str(tmp_path / "nope.toml"))
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("error: presets file not found") and "\n" not in result.stderr.strip()
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--ks", "0"], "block lengths"),
+    (["--ks", "a"], "bad --ks"),
+    (["--uncertainty", "median"], "sum, max or mean"),
+    (["--dtype", "float8"], "unknown dtype"),
+])
+def test_bad_options_fail_before_loading(tmp_path, clips, args, phrase):
+    result = invoke("calibrate", str(clips), "--out", str(tmp_path / "p.toml"), *args)
+    assert result.exit_code == 2 and phrase in result.stderr
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_one_clip_is_not_enough(tmp_path):
+    write_clip(tmp_path / "only.wav")
+    result = invoke("calibrate", str(tmp_path), "--out", str(tmp_path / "p.toml"))
+    assert result.exit_code == 2 and "at least 2 clips" in result.stderr
