@@ -200,7 +200,7 @@ def warm_up(describer: Describer, audio: np.ndarray) -> None:
     """One short untimed run per model, so one-off costs (lazy kernels, allocator growth) land on
     no mode's latency, in particular not on whichever mode happens to run first."""
     for mode in ("edge", "cloud"):
-        describer.run(audio, DecodingConfig(mode=mode, max_new_tokens=2, min_new_tokens=0))
+        describer.run(audio, DecodingConfig(mode=mode, max_new_tokens=2, stop_min_chars=0))
 
 
 def run_eval(describer: Describer, clips: Sequence[LabelledClip], modes: Sequence[EvalMode],

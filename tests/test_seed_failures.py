@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import clip
 from toy import TableLM
-from transformers import TemperatureLogitsWarper
+from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
 from specdec_cli.decoding import DecodingConfig, VocabMasks, generate_baseline, speculative_decode
 from specdec_cli.decoding import loop as loop_module
@@ -19,6 +19,7 @@ from specdec_cli.decoding.processors import (
     SentenceEndCriteria,
 )
 from specdec_cli.decoding.state import ModelState
+from specdec_cli.decoding.vocab import content_chars
 
 # A toy vocabulary: ids 0-2 specials-ish, CJK content, punctuation, ASCII.
 TOY = ["<eos>", "x", "y", "说", "话", "人", "是", "语速较快", "音", "调", "高", "，", "。", "？", "z", "低", "沉", "慢",
@@ -110,7 +111,8 @@ def test_F3_one_place_advances_a_cache(edge, cloud, processor, masks, eos_ids, m
 
 def test_F4_repetition_penalty_has_hf_semantics():
     """Positive logits divided, negative multiplied: a repeated token always loses probability.
-    (The prototype divided everything by 1.1, which raised negative logits.)"""
+    (The prototype divided everything by 1.1, which raised negative logits.) Bit-identical to HF's
+    own processor given the answer's content tokens."""
     proc = ContentRepetitionPenalty(1.2, prompt_len=2, masks=TOY_MASKS)
     scores = torch.zeros(1, len(TOY))
     scores[0, ID["说"]], scores[0, ID["话"]], scores[0, ID["人"]] = 3.0, -2.0, 1.0
@@ -118,17 +120,28 @@ def test_F4_repetition_penalty_has_hf_semantics():
     assert out[0, ID["说"]] == pytest.approx(2.5)
     assert out[0, ID["话"]] == pytest.approx(-2.4)   # more negative, not less
     assert out[0, ID["人"]] == 1.0                    # not in history: untouched
+    history = ids("说", "，", "语速较快", "说", "x", "话", "。")
+    random = torch.randn(1, len(TOY))
+    hf = RepetitionPenaltyLogitsProcessor(1.2)(torch.tensor([[ID["说"], ID["语速较快"], ID["说"], ID["话"]]]), random)
+    assert torch.equal(proc(history, random), hf)
 
 
 def test_F5_no_repeat_ngram_bans_every_continuation_seen_before():
     """After `x`, every `y` with `x y` in the history is banned, so `A B A B` is impossible (the
-    prototype only banned `A A`). Punctuation is stripped, so `A，B，A` bans B too."""
+    prototype only banned `A A`). Punctuation is stripped, so `A，B，A` bans B too. Over characters:
+    with n=4 a multi-character token is banned when a 4-gram it completes occurred before."""
     proc = ContentNoRepeatNGram(2, prompt_len=2, masks=TOY_MASKS)
     out = proc(ids("音", "调", "音"), torch.zeros(1, len(TOY)))
     assert out[0, ID["调"]] == -float("inf")
     assert out[0, ID["音"]] == 0.0 and out[0, ID["高"]] == 0.0
     out = proc(ids("音", "，", "调", "，", "音"), torch.zeros(1, len(TOY)))
     assert out[0, ID["调"]] == -float("inf")
+    four = ContentNoRepeatNGram(4, prompt_len=2, masks=TOY_MASKS)
+    out = four(ids("语速较快", "，", "音", "调"), torch.zeros(1, len(TOY)))
+    assert out[0, ID["语速较快"]] == -float("inf")     # 语速较快 again, inside one token
+    assert out[0, ID["高"]] == 0.0                     # 调高: a 2-gram, nothing repeats
+    out = four(ids("说", "话", "人", "是", "，", "说", "话", "人"), torch.zeros(1, len(TOY)))
+    assert out[0, ID["是"]] == -float("inf") and out[0, ID["高"]] == 0.0
 
 
 def test_F6_temperature_is_applied_once_and_last():
@@ -163,14 +176,16 @@ def test_F7_incremental_steps_pass_positions_not_a_one_by_one_mask(edge, process
 
 
 def test_F8_punctuation_gate_counts_characters_since_the_last_mark():
-    gate = PunctuationGate(prompt_len=2, masks=TOY_MASKS, comma_min_chars=4, stop_min_chars=8, stop_bias=8.0)
+    gate = PunctuationGate(prompt_len=2, masks=TOY_MASKS, comma_min_chars=4, stop_min_chars=12)
     z = torch.zeros(1, len(TOY))
     assert gate(ids("说", "话", "人"), z)[0, ID["，"]] == -float("inf")       # 3 chars: no comma
     assert gate(ids("说", "话", "人", "是"), z)[0, ID["，"]] == 0.0            # 4 chars: allowed
     assert gate(ids("语速较快"), z)[0, ID["，"]] == 0.0                        # one token, 4 chars
     assert gate(ids("语速较快", "，", "音"), z)[0, ID["，"]] == -float("inf")  # counter restarts at a mark
-    assert gate(ids("语速较快", "，", "音"), z)[0, ID["。"]] == -8.0           # 5 chars: stop discouraged
-    assert gate(ids("语速较快", "，", "音", "调", "高", "说"), z)[0, ID["。"]] == 0.0  # 8 chars
+    assert gate(ids("语速较快", "，", "音"), z)[0, ID["。"]] == -float("inf")  # 5 chars: no sentence end
+    eleven = ("语速较快", "，", "音", "调", "高", "说", "话", "人", "是")
+    assert gate(ids(*eleven), z)[0, ID["。"]] == -float("inf")
+    assert gate(ids(*eleven, "好"), z)[0, ID["。"]] == 0.0                     # 12 chars
 
 
 def test_F9_penalties_never_touch_punctuation():
@@ -199,17 +214,17 @@ def _loop_pair():
 def test_F10_constraints_see_previous_blocks():
     """The edge wants 说话说话…; with k=2 each repetition falls in a new block, so only a ban
     that sees earlier blocks stops it. Edge-only (threshold inf): the constrained output never
-    repeats a content bigram."""
+    repeats a 4-gram of its characters, where the unconstrained one loops."""
     edge, _ = _loop_pair()
     edge.set(ID["说"], ID["话"]).set(ID["话"], ID["说"])
     inputs = {"input_ids": torch.tensor([[ID["x"], ID["x"]]]), "attention_mask": torch.ones(1, 2, dtype=torch.long)}
-    cfg = DecodingConfig(k=2, max_new_tokens=8, threshold=float("inf"))
+    cfg = DecodingConfig(k=2, max_new_tokens=12, threshold=float("inf"))
     out = speculative_decode(edge, edge, inputs, cfg, TOY_MASKS, eos_ids=[0]).tokens
-    bigrams = list(zip(out, out[1:], strict=False))
-    content = [b for b in bigrams if TOY_MASKS.content[b[0]] and TOY_MASKS.content[b[1]]]
-    assert len(content) == len(set(content))
+    stream = content_chars("".join(TOY[t] for t in out))
+    grams = [stream[i:i + 4] for i in range(len(stream) - 3)]
+    assert len(grams) == len(set(grams)) and stream.startswith("说话说话说")
     plain = speculative_decode(edge, edge, inputs, cfg.with_(constraints=False), TOY_MASKS, eos_ids=[0]).tokens
-    assert plain[:4] == [ID["说"], ID["话"], ID["说"], ID["话"]]  # without constraints it does loop
+    assert [TOY[t] for t in plain[:8]] == ["说", "话"] * 4  # without constraints it does loop
 
 
 def test_F11_a_confident_loop_escalates_whatever_the_entropy_and_does_not_stop():
@@ -232,11 +247,12 @@ def test_F11_a_confident_loop_escalates_whatever_the_entropy_and_does_not_stop()
 
 
 def test_F12_one_sentence_stop_rule():
-    crit = SentenceEndCriteria(prompt_len=2, masks=TOY_MASKS, min_new_tokens=16)
+    crit = SentenceEndCriteria(prompt_len=2, masks=TOY_MASKS, min_chars=12)
     early = ids(*(["说"] * 5 + ["。"]))
-    late = ids(*(["说"] * 15 + ["。"]))
+    late = ids(*(["说"] * 11 + ["语速较快", "。"]))  # 15 CJK characters, 13 tokens
     assert not bool(crit(early, None)[0]) and bool(crit(late, None)[0])
-    # Through the loop: a 。 at token 5 does not stop, the ？ at token 17 does.
+    assert not bool(crit(ids(*(["说"] * 11 + ["。"])), None)[0])  # 11 characters: not yet
+    # Through the loop: a 。 at token 5 does not stop, the ？ after 15 characters does.
     chain = ["说", "话", "人", "是", "。", "声", "色", "好", "清", "亮", "低", "沉", "慢", "音", "调", "高", "？", "说"]
     lm = TableLM(len(TOY), default=ID["z"])
     prev = "x"

@@ -23,14 +23,12 @@ class DecodingConfig:
     sample: bool = False
     temperature: float = 1.0
     seed: int = 0
-    # Constraint knobs (seeds 003/004).
-    repetition_penalty: float = 1.2
-    no_repeat_ngram: int = 2
-    comma_min_chars: int = 4        # comma-like marks only after this many CJK chars since the last mark
-    stop_min_chars: int = 8         # full stop discouraged before the answer holds this many CJK chars
-    stop_bias: float = 8.0          # how much it is discouraged (subtracted from its logit)
-    min_new_tokens: int = 16        # a sentence end stops generation only after this many new tokens
-    loop_ngram: int = 3             # a repeated n-gram (tokens) in the answer forces a cloud check
+    # Constraint knobs (seeds 003/004), all over the answer's CJK content *characters*, so they mean
+    # the same on every tokenizer (README, "The engine", says why these values).
+    repetition_penalty: float = 1.2  # HF semantics, on the answer's CJK content tokens
+    no_repeat_ngram: int = 4        # no 4-gram of the punctuation-stripped character stream twice
+    comma_min_chars: int = 4        # a mark only after this many CJK chars since the last mark
+    stop_min_chars: int = 12        # a sentence end only (and then it stops) once this many CJK chars
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -39,6 +37,10 @@ class DecodingConfig:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if math.isnan(self.threshold) or self.threshold < 0:
             raise ValueError(f"threshold must be a non-negative number or inf, got {self.threshold}")
+        if self.no_repeat_ngram < 2:
+            raise ValueError(f"no_repeat_ngram must be at least 2, got {self.no_repeat_ngram}")
+        if self.comma_min_chars < 0 or self.stop_min_chars < 0:
+            raise ValueError("comma_min_chars and stop_min_chars must be non-negative")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
         if self.mode not in ("spec", "edge", "cloud"):

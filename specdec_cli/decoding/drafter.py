@@ -3,8 +3,10 @@ they were sampled from."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .processors import DecodingRules
@@ -16,20 +18,44 @@ class Proposal:
     tokens: list[int]
     entropies: list[float]             # nats, of the edge's processed distribution at each token
     draft_probs: torch.Tensor | None   # [n, V] when sampling: exactly what each token was drawn from
+    loop: bool = False                 # a draft token completes a tandem repeat (rules.shows_loop)
 
 
 def entropy(scores: torch.Tensor) -> float:
-    """Entropy in nats of softmax(scores); banned (-inf) entries contribute 0."""
+    """Entropy in nats of softmax(scores); banned (-inf) entries contribute 0. The plain formula,
+    kept as the reference `pick` is checked against."""
     logp = torch.log_softmax(scores, dim=-1)
     return float(-(logp.exp() * logp.nan_to_num(neginf=0.0)).sum())
 
 
-def pick(scores: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
-    """Greedy (generator None): argmax. Sampling: draw from softmax(scores), return those probs."""
-    if generator is None:
-        return int(scores.argmax()), None
+def pick(scores: torch.Tensor, generator: torch.Generator | None,
+         banned: np.ndarray | None = None) -> tuple[int, float, torch.Tensor | None]:
+    """The token (greedy when `generator` is None: argmax; else drawn from softmax(scores)), the
+    entropy of softmax(scores) in nats, and the probabilities when sampling.
+
+    One softmax per row serves both: H = lse - Σ p·x, with lse = x[a] - log p[a] at the argmax a.
+    At 152k rows that is one pass less than log_softmax + exp, and numpy's argmax / dot are ~10x
+    faster than torch's on a 1-D CPU row. `banned` lists the -inf entries (p = 0 there, but
+    0 · -inf is nan in the dot): they are zeroed for the dot and restored; any other -inf falls
+    back to the reference formula."""
     probs = torch.softmax(scores, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator)), probs
+    x, p = scores.numpy(), probs.numpy()
+    best = int(x.argmax())
+    if generator is None:
+        token = best
+    else:
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    if banned is not None and banned.size:
+        saved = x[banned]
+        x[banned] = 0.0
+        mean = float(np.dot(p, x))
+        x[banned] = saved
+    else:
+        mean = float(np.dot(p, x))
+    h = float(x[best]) - math.log(float(p[best])) - mean
+    if not math.isfinite(h):
+        h = entropy(scores)
+    return token, max(h, 0.0), (probs if generator is not None else None)
 
 
 def propose(edge: ModelState, sequence: list[int], k: int, rules: DecodingRules,
@@ -43,14 +69,15 @@ def propose(edge: ModelState, sequence: list[int], k: int, rules: DecodingRules,
     probs: list[torch.Tensor] = []
     logits = edge.logits_after(sequence)  # [V]
     for i in range(k):
-        context = torch.tensor([sequence + tokens])  # [1, L]
-        scores = rules.process(context, logits)
-        token, p = pick(scores, generator)
+        context = sequence + tokens
+        scores = rules.process_ids(context, logits)
+        token, h, p = pick(scores, generator, rules.banned(context, scores.shape[-1]))
         tokens.append(token)
-        entropies.append(entropy(scores))
+        entropies.append(h)
         if p is not None:
             probs.append(p)
         if i == k - 1 or rules.stops(sequence + tokens):
             break
         logits = edge.advance([token])[-1]
-    return Proposal(tokens, entropies, torch.stack(probs) if probs else None)
+    loop = rules.shows_loop(sequence + tokens, len(sequence))
+    return Proposal(tokens, entropies, torch.stack(probs) if probs else None, loop)

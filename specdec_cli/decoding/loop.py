@@ -103,19 +103,6 @@ def block_uncertainty(entropies: list[float], how: str) -> float:
     return sum(entropies)
 
 
-def repeats_ngram(answer: list[int], n: int, new_from: int) -> bool:
-    """Whether an n-gram ending at or after `new_from` already occurred earlier in `answer`: a loop
-    across blocks (the history and the draft are one list, so a loop split by a block boundary is
-    seen too: F10)."""
-    seen: set[tuple[int, ...]] = set()
-    for start in range(len(answer) - n + 1):
-        gram = tuple(answer[start:start + n])
-        if start + n - 1 >= new_from and gram in seen:
-            return True
-        seen.add(gram)
-    return False
-
-
 def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int]) -> str:
     """Why this block goes to the cloud, or "" if it does not. A threshold of +inf means the cloud
     is never consulted (edge-only through this loop); otherwise a detected loop escalates whatever
@@ -124,7 +111,11 @@ def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int]
         return "always"
     if cfg.threshold == float("inf"):
         return ""
-    if cfg.constraints and repeats_ngram(answer + proposal.tokens, cfg.loop_ngram, len(answer)):
+    # The loop test is the drafter's `proposal.loop` (DecodingRules.shows_loop): a draft token
+    # completes a tandem repeat of the answer's characters (unit >= 2: 音色中音色中) or of token ids
+    # (unit >= 1: x y x y), seen across block boundaries since history and draft are one sequence
+    # (F10). Tandem, not "an n-gram seen before": descriptions repeat 适中 and 音 at a distance.
+    if cfg.constraints and proposal.loop:
         return "loop"
     if block_uncertainty(proposal.entropies, cfg.uncertainty) > cfg.threshold:
         return "entropy"

@@ -29,5 +29,4 @@ def score_draft(cloud: ModelState, sequence: list[int], draft: list[int],
         assert before is not None, "cloud has no logits for the first draft position"
         rows = torch.cat([before[None], cloud.advance(draft)])
     # rows: [k+1, V]; row j scores draft[j] (row k: bonus), each with its own prefix.
-    scores = [rules.process(torch.tensor([sequence + draft[:j]]), rows[j]) for j in range(len(draft) + 1)]
-    return torch.stack(scores), cloud.tokens_fed - fed_before
+    return rules.process_block(sequence, draft, rows), cloud.tokens_fed - fed_before

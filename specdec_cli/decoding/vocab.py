@@ -1,0 +1,353 @@
+"""Per-token facts about a vocabulary, and the indexes the decoding rules look tokens up in.
+
+The rules (processors.py) are defined over the answer's *characters*: the stream of its CJK content
+characters with everything else stripped, its punctuation marks and its literal last character.
+A vocabulary maps each token id to a piece of text; what a rule needs to know about a token is a
+handful of facts about that text (which CJK characters it holds, where its marks sit, whether a
+sentence end has more text after it…). `TokenFacts` computes them once by decoding every id once
+(~0.7 s for Qwen's 151,665 tokens), and caches them on disk keyed by the tokenizer's content, so a
+later process loads them in milliseconds. `RuleIndex` turns the facts into sorted arrays and
+dictionaries for one choice of the rule parameters, so that a rule finds the tokens it bans with a
+few dictionary / bisect lookups instead of a pass over the vocabulary (at V≈152k a boolean write over
+the vocabulary costs ~0.5 ms, an index write ~20 µs: field notes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import pickle
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SENTENCE_END = frozenset("。！？")
+# Brackets and quotes (open/close/initial/final punctuation) neither count as marks for the
+# punctuation gate nor reset it: `音色（清亮）` is not a flood. Every other punctuation character
+# that is not a sentence end is a "mark" (，、：；,.:;…— and the like): the flood of F8 may use any
+# of them, not only the comma.
+_NEUTRAL_CATEGORIES = frozenset({"Ps", "Pe", "Pi", "Pf"})
+# Added tokens that are markup, not text (`<tool_call>`, `<|fim_prefix|>`): never emitted. The
+# demo tokenizer's phrase tokens are added tokens too, and they are text.
+_TAG = re.compile(r"^<[^<>\s]+>$")
+# Caches are named by this module's own source too: a change to how facts or indexes are computed
+# can never be served stale facts.
+_FACTS_VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
+NO = -1  # "this token has none" in the position arrays
+
+
+def is_cjk(ch: str) -> bool:
+    return "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf" or "\uf900" <= ch <= "\ufaff"
+
+
+def char_kind(ch: str) -> str:
+    """'cjk', 'end' (。！？), 'mark' (gated punctuation), 'neutral' (brackets, quotes) or 'other'."""
+    if is_cjk(ch):
+        return "cjk"
+    if ch in SENTENCE_END:
+        return "end"
+    cat = unicodedata.category(ch)
+    if cat.startswith("P"):
+        return "neutral" if cat in _NEUTRAL_CATEGORIES else "mark"
+    return "other"
+
+
+def content_chars(text: str) -> str:
+    """The CJK content characters of `text`, in order (punctuation, Latin, spaces stripped)."""
+    return "".join(c for c in text if is_cjk(c))
+
+
+@dataclass
+class TokenFacts:
+    """What the rules need to know about each token's text, one entry per tokenizer id.
+
+    cjk:        the token's CJK characters, in order ("" for none)
+    control:    a special token or a markup added token (not text)
+    fffd:       decodes to U+FFFD: a partial UTF-8 byte sequence of a character split over tokens
+    punct:      holds any punctuation
+    first/last: code point of the first / last character of the text (NO when empty)
+    mark_pos:   CJK characters before the first mark (NO when none)
+    mark_after: CJK characters after the last mark (NO when none)
+    mark_gap:   fewest CJK characters between two marks inside the token (large when < 2 marks)
+    end_pos:    CJK characters before the first sentence end (NO when none)
+    end_then_text: a visible character follows the first sentence end (`。（`, `。“`, `。，`)
+    adjacent:   two identical CJK characters side by side inside the token (`慢慢`)
+    """
+
+    cjk: list[str]
+    control: np.ndarray
+    fffd: np.ndarray
+    punct: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    mark_pos: np.ndarray
+    mark_after: np.ndarray
+    mark_gap: np.ndarray
+    end_pos: np.ndarray
+    end_then_text: np.ndarray
+    adjacent: np.ndarray
+    key: str = ""  # the tokenizer's content hash when built for one (names the disk caches)
+    _indexes: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.cjk)
+
+    @classmethod
+    def from_texts(cls, texts: list[str], control: set[int] | frozenset[int] = frozenset()) -> TokenFacts:
+        n = len(texts)
+        cjk = [""] * n
+        ctrl = np.zeros(n, bool)
+        fffd = np.zeros(n, bool)
+        punct = np.zeros(n, bool)
+        first = np.full(n, NO, np.int32)
+        last = np.full(n, NO, np.int32)
+        mark_pos = np.full(n, NO, np.int16)
+        mark_after = np.full(n, NO, np.int16)
+        mark_gap = np.full(n, 1000, np.int16)
+        end_pos = np.full(n, NO, np.int16)
+        end_then = np.zeros(n, bool)
+        adjacent = np.zeros(n, bool)
+        for i, text in enumerate(texts):
+            if i in control:
+                ctrl[i] = True
+                continue
+            if not text:
+                continue
+            first[i], last[i] = ord(text[0]), ord(text[-1])
+            if text.isascii() and text.isalnum():  # most of a BPE vocabulary: nothing to see
+                continue
+            fffd[i] = "\ufffd" in text
+            chars: list[str] = []
+            since = 0          # CJK chars since the last mark (or the token start)
+            marks = 0
+            prev = ""
+            for ch in text:
+                kind = char_kind(ch)
+                if end_pos[i] != NO and not ch.isspace():
+                    end_then[i] = True
+                if kind == "cjk":
+                    chars.append(ch)
+                    since += 1
+                    adjacent[i] |= ch == prev
+                elif kind == "mark":
+                    if marks:
+                        mark_gap[i] = min(int(mark_gap[i]), since)
+                    else:
+                        mark_pos[i] = since
+                    marks += 1
+                    since = 0
+                elif kind == "end" and end_pos[i] == NO:
+                    end_pos[i] = len(chars)
+                punct[i] |= kind in ("mark", "end", "neutral")
+                prev = ch
+            if marks:
+                mark_after[i] = since
+            cjk[i] = "".join(chars)
+        return cls(cjk, ctrl, fffd, punct, first, last, mark_pos, mark_after, mark_gap, end_pos, end_then, adjacent)
+
+    def index(self, n: int, comma_min: int, stop_min: int) -> RuleIndex:
+        """The lookup structures for these rule parameters, built once per parameter set."""
+        key = (n, comma_min, stop_min)
+        if key not in self._indexes:
+            # Building one for Qwen's vocabulary takes ~0.3 s (sorting 25k CJK tokens and their
+            # grams), loading it ~20 ms: cached on disk next to the facts.
+            path = _cache_root() / f"vocab-index-{self.key}-{n}-{comma_min}-{stop_min}-v{_FACTS_VERSION}.pkl"
+            index = _load(path) if self.key else None
+            if not isinstance(index, RuleIndex):
+                index = RuleIndex(self, n, comma_min, stop_min)
+                if self.key:
+                    _store(path, index)
+            self._indexes[key] = index
+        return self._indexes[key]
+
+
+def _has_repeat(s: str, n: int) -> bool:
+    grams = [s[i:i + n] for i in range(len(s) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def new_grams_repeat(tail: str, chars: str, n: int) -> bool:
+    """Whether appending `chars` to a stream ending in `tail` makes two of the new n-grams (those
+    ending inside `chars`) equal. With len(tail) < n every gram of tail+chars is new."""
+    return _has_repeat(tail + chars, n)
+
+
+def _self_triggers(c: str, n: int) -> set[str]:
+    """The stream tails (1..n-1 characters) after which token characters `c` would repeat one of
+    the n-grams they themselves complete, e.g. tail 犹豫犹 + token 豫犹豫 = 犹豫犹豫犹豫. Either the
+    first copy straddles the tail and the second lies inside `c` (then the tail is a piece of `c`),
+    or both straddle (then tail+c is periodic and the tail is c's start repeated). Candidates of
+    both shapes are checked by brute force, so the set is exact for tails of these lengths."""
+    m = len(c)
+    out: set[str] = set()
+    for s in range(1, n):
+        cands = {c[o:o + s] for o in range(0, m - n + 1)}  # second copy inside c
+        for d in range(1, min(s, m + 1)):                  # both straddle: period d
+            unit = c[:d]
+            cands.add((unit * (s // d + 2))[-s:])
+        out.update(t for t in cands if len(t) == s and new_grams_repeat(t, c, n))
+    return out
+
+
+class RuleIndex:
+    """Sorted keys and id arrays for one (n, comma_min, stop_min). All id arrays are int64 and hold
+    ids below the tokenizer's length only; rows past it are added per model width."""
+
+    def __init__(self, facts: TokenFacts, n: int, comma_min: int, stop_min: int) -> None:
+        self.n, self.comma_min, self.stop_min = n, comma_min, stop_min
+        self.n_text = len(facts)
+        cjk = facts.cjk
+        internal = np.array([len(c) >= n and _has_repeat(c, n) for c in cjk], bool)
+        static = (facts.control | facts.fffd | facts.end_then_text | facts.adjacent | internal
+                  | (facts.mark_gap < comma_min))
+        self.static = np.flatnonzero(static).astype(np.int64)
+        ok = ~static
+        with_cjk = [i for i, c in enumerate(cjk) if c and ok[i]]
+
+        # Tokens by the CJK characters they start with: the ones whose first characters complete a
+        # gram straddling the stream's tail are a contiguous run of this sorted list.
+        order = sorted(with_cjk, key=lambda i: cjk[i])
+        self.prefix_keys = [cjk[i] for i in order]
+        self.prefix_ids = np.array(order, np.int64)
+
+        # Tokens by every n-gram lying wholly inside their characters.
+        pairs = sorted((c[j:j + n], i) for i in with_cjk if len(c := cjk[i]) >= n
+                       for j in range(len(c) - n + 1))
+        self.gram_keys = [g for g, _ in pairs]
+        self.gram_ids = np.array([i for _, i in pairs], np.int64)
+
+        # Tokens that repeat a gram they complete themselves, by the tail that makes them do so.
+        triggers: dict[str, list[int]] = {}
+        for i in with_cjk:
+            # Both shapes need a character twice in the token (two copies of one gram overlap
+            # it), which rules out almost every token before the brute-force check.
+            if len(set(cjk[i])) < len(cjk[i]):
+                for t in _self_triggers(cjk[i], n):
+                    triggers.setdefault(t, []).append(i)
+        self.triggers = {t: np.array(ids, np.int64) for t, ids in triggers.items()}
+
+        # Tokens by their first character (紧邻同字 looks up the answer's last character).
+        starts = [i for i in with_cjk if is_cjk(chr(facts.first[i]))]
+        starts.sort(key=lambda i: facts.first[i])
+        self.first_keys = facts.first[starts].astype(np.int64)
+        self.first_ids = np.array(starts, np.int64)
+
+        # Punctuation gate: comma_gate[s] = tokens whose first mark would come after fewer than
+        # comma_min characters when s characters already follow the last mark; end_gate[t] = tokens
+        # whose sentence end would come before stop_min characters when the answer holds t.
+        mark_pos, end_pos = facts.mark_pos.astype(np.int64), facts.end_pos.astype(np.int64)
+        self.comma_gate = [np.flatnonzero(ok & (mark_pos != NO) & (mark_pos + s < comma_min)).astype(np.int64)
+                           for s in range(comma_min)]
+        self.end_gate = [np.flatnonzero(ok & (end_pos != NO) & (end_pos + t < stop_min)).astype(np.int64)
+                         for t in range(stop_min)]
+        self.content = ok & np.array([bool(c) for c in cjk], bool) & ~facts.punct
+        self._static_for: dict[tuple, np.ndarray] = {}
+
+    def static_for(self, width: int, allowed: tuple[int, ...]) -> np.ndarray:
+        """Ids banned in every row of a model with `width` logits rows: the static bans below the
+        width plus every row past the tokenizer (never a real token), minus `allowed` (EOS)."""
+        key = (width, allowed)
+        if key not in self._static_for:
+            ids = np.concatenate([self.static[self.static < width], np.arange(self.n_text, width, dtype=np.int64)])
+            self._static_for[key] = ids[~np.isin(ids, allowed)]
+        return self._static_for[key]
+
+    def starting_with(self, prefix: str) -> np.ndarray:
+        lo = bisect.bisect_left(self.prefix_keys, prefix)
+        hi = bisect.bisect_left(self.prefix_keys, prefix + "\U0010ffff", lo)
+        return self.prefix_ids[lo:hi]
+
+    def holding(self, gram: str) -> np.ndarray:
+        lo = bisect.bisect_left(self.gram_keys, gram)
+        hi = bisect.bisect_right(self.gram_keys, gram, lo)
+        return self.gram_ids[lo:hi]
+
+    def first_char(self, code: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.first_keys, [code, code + 1])
+        return self.first_ids[lo:hi]
+
+
+# -- building facts for a tokenizer, with caches ---------------------------------------------------
+
+_MEMORY: dict[str, TokenFacts] = {}
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def _load(path: Path):
+    if not path.is_file():
+        return None
+    try:
+        return pickle.loads(path.read_bytes())
+    except Exception:  # a damaged cache file is rebuilt, never trusted
+        return None
+
+
+def _store(path: Path, obj) -> None:
+    """Written to a temporary file and renamed, so a concurrent reader never sees half of it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        tmp.replace(path)
+    except OSError:  # a read-only cache only costs time
+        pass
+
+
+def control_ids(tokenizer) -> set[int]:
+    """Special tokens, and added tokens that are markup (`<tool_call>`, `<|fim_pad|>`)."""
+    ids = set(tokenizer.all_special_ids)
+    for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if tok.special or _TAG.match(str(tok.content)):
+            ids.add(int(i))
+    return ids
+
+
+def vocab_key(tokenizer) -> str:
+    """A hash of what the facts depend on: the tokenizer's files when it was loaded from a folder
+    (hashing a 7 MB tokenizer.json takes ~25 ms; listing 152k tokens through the Python API ~0.3 s),
+    else its serialized form; plus its length and added/special tokens, which code may change."""
+    h = hashlib.sha256(f"{_FACTS_VERSION}|{type(tokenizer).__name__}|{len(tokenizer)}".encode())
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    files = [folder / f for f in getattr(tokenizer, "vocab_files_names", {}).values()] if folder.is_dir() else []
+    files = [f for f in files if f.is_file()]
+    if files:
+        for f in sorted(files):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    elif getattr(tokenizer, "backend_tokenizer", None) is not None:
+        h.update(tokenizer.backend_tokenizer.to_str().encode())
+    else:
+        h.update(repr(sorted(tokenizer.get_vocab().items())).encode())
+    added = sorted((int(i), str(t.content), bool(t.special)) for i, t in tokenizer.added_tokens_decoder.items())
+    h.update(repr((added, sorted(tokenizer.all_special_ids))).encode())
+    return h.hexdigest()[:24]
+
+
+def facts_for_tokenizer(tokenizer, cache: bool = True) -> TokenFacts:
+    """TokenFacts for `tokenizer`: from memory, else from the disk cache, else by decoding every id
+    once (then written to the cache, atomically)."""
+    cached = getattr(tokenizer, "_specdec_facts", None)
+    if cached is not None and cached[0] == len(tokenizer):
+        return cached[1]
+    key = vocab_key(tokenizer)
+    path = _cache_root() / f"vocab-facts-{key}.pkl"
+    facts = _MEMORY.get(key) or (_load(path) if cache else None)
+    if not isinstance(facts, TokenFacts):
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+        facts = TokenFacts.from_texts(texts, control_ids(tokenizer))
+        facts.key = key if cache else ""
+        if cache:
+            _store(path, facts)
+    _MEMORY[key] = facts
+    try:
+        tokenizer._specdec_facts = (len(tokenizer), facts)
+    except AttributeError:
+        pass
+    return facts
