@@ -234,11 +234,12 @@ def calibrate_command(
 
     from .audio import load_audio
     from .evaluate import warm_up
-    from .models import load_pair
+    from .models import load_pair, one_thread_if_tiny
     from .pipeline import Describer
 
     with err.status("loading models…") if err.is_terminal else _null():
         pair = load_pair(edge, cloud, device, dtype)
+    one_thread_if_tiny(pair)
     describer = Describer(pair)
     proc = pair.processor
     audios = [load_audio(p, proc.sampling_rate, proc.max_seconds) for p in paths]

@@ -341,7 +341,7 @@ def describe(
         desc = session.describer.run(audio, session.cfg, on_block=view.on_block)
     record = session.record(clip, audio, desc)
     if (err.is_terminal if trace is None else trace) and desc.result.events:
-        err.print(ui.trace_table(desc.result.events, session.pair.tokenizer, session.cfg))
+        ui.print_trace(err, desc.result.events, session.pair.tokenizer, session.cfg)
     err.print(ui.summary_panel(record))
     if plot_trace is not None and plot is not None:
         written = plot_trace(desc.result.events, session.cfg.threshold, plot, tokenizer=session.pair.tokenizer)

@@ -64,6 +64,8 @@ def font_for(text: str) -> str | None:
     entries = sorted(font_manager.fontManager.ttflist,
                      key=lambda f: CJK_FONTS.index(f.name) if f.name in CJK_FONTS else len(CJK_FONTS))
     for entry in entries:
+        if entry.name.startswith("Last Resort"):
+            continue  # has a "glyph" for every code point: a box naming its Unicode block, not the character
         try:
             font = FT2Font(entry.fname)
         except (OSError, RuntimeError):  # a broken or unsupported font file: try the next
@@ -184,8 +186,8 @@ def plot_trace(events: Sequence[BlockEvent], threshold: float, path: str | Path,
                        threshold if math.isfinite(threshold) else 0) * 1.15 + 0.1)
     # Below the axes, so it never hides a block.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
-    fig.tight_layout()
     with warnings.catch_warnings():
         # Glyph warnings for rare tokens the chosen font lacks: the plot is still useful.
         warnings.filterwarnings("ignore", message="Glyph .* missing")
+        fig.tight_layout()
         return _save(fig, path)

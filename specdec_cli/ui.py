@@ -198,40 +198,48 @@ class LiveView:
                     style="cyan")
 
 
-def trace_table(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> Table:
+def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> list[Text]:
     """The whole decode, one line per block, to stay on screen above the summary (the Live view is
-    transient and a demo-pair decode is over in a tenth of a second): each draft token with its
+    transient and a demo-pair decode is over in a tenth of a second). A header, then per block: its
+    uncertainty against the threshold; where it went (kept on the edge, or to the cloud and why:
+    entropy, loop, always, with how many draft tokens the cloud kept); each draft token with its
     entropy, coloured against the block's share of the threshold, and its verdict; the cloud's
-    recovered or bonus token; the block's uncertainty against the threshold; why it went to the
-    cloud (entropy, loop, always) or that it stayed on the edge."""
+    recovered or bonus token. The fixed-width parts come first, aligned; the tokens last, so a long
+    block runs on rather than breaking the columns. Print with `soft_wrap=True` (see print_trace)."""
     label = _UNCERTAINTY_LABEL[cfg.uncertainty]
     thr = format_threshold(cfg.threshold)
-    table = Table(title=f"trace · escalate when {label} > {thr} · k {cfg.k} · verify {cfg.verify}",
-                  title_style="bold", title_justify="left", box=None, padding=(0, 1), header_style="dim")
-    table.add_column("#", justify="right", style="dim", no_wrap=True)
-    table.add_column(f"draft: token H({UNIT}) verdict")
-    table.add_column("cloud", no_wrap=True)
-    table.add_column(f"{label} vs {thr}", justify="right", no_wrap=True)
-    table.add_column("block", no_wrap=True)
+    gates, verdicts = [], []
     for e in events:
-        budget = token_budget(cfg, len(e.draft))
-        draft = Text()
-        for tok, h, (mark, style) in zip(e.draft, e.entropies, marks(e), strict=True):
-            if draft:
-                draft.append("  ")
-            draft.append(token_text(tokenizer, tok), style="bold")
-            draft.append(f" {h:.2f}", style=entropy_style(h, budget))
-            draft.append(mark, style=style)
-        cloud = (Text(f"{token_text(tokenizer, e.correction)} {e.correction_kind}", style="magenta")
-                 if e.correction is not None else Text(""))
         over = e.uncertainty > cfg.threshold
-        gate = Text(f"{e.uncertainty:.2f} {'>' if over else '≤'} {thr}", style="red" if over else "green")
-        if e.escalated:
-            block = Text(f"→ cloud ({e.reason}): {e.accepted}/{len(e.draft)} kept", style="magenta")
-        else:
-            block = Text("kept on the edge", style="green")
-        table.add_row(str(e.index + 1), draft, cloud, gate, block)
-    return table
+        gates.append((f"{label} {e.uncertainty:.2f} {'>' if over else '≤'} {thr}", "red" if over else "green"))
+        verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
+                        else ("kept on the edge", "green"))
+    width_g = max((len(g) for g, _ in gates), default=0)
+    width_v = max((len(v) for v, _ in verdicts), default=0)
+    out = [Text(f"trace · escalate when {label} > {thr} · k {cfg.k} · verify {cfg.verify} · "
+                f"draft tokens: entropy ({UNIT}) and {ACCEPTED} accepted {REJECTED} rejected {DISCARDED} discarded "
+                f"{UNVERIFIED} unverified", style="bold")]
+    for e, (gate, g_style), (verdict, v_style) in zip(events, gates, verdicts, strict=True):
+        line = Text(f"{e.index + 1:>3}  ", style="dim")
+        line.append(gate.ljust(width_g), style=g_style).append("  ")
+        line.append(verdict.ljust(width_v), style=v_style).append("  │ ", style="dim")
+        budget = token_budget(cfg, len(e.draft))
+        for n, (tok, h, (mark, style)) in enumerate(zip(e.draft, e.entropies, marks(e), strict=True)):
+            line.append("  " if n else "")
+            line.append(token_text(tokenizer, tok), style="bold")
+            line.append(f" {h:.2f}", style=entropy_style(h, budget))
+            line.append(mark, style=style)
+        if e.correction is not None:
+            line.append(f"  + {token_text(tokenizer, e.correction)} ({e.correction_kind})", style="bold magenta")
+        out.append(line)
+    return out
+
+
+def print_trace(console: Console, events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> None:
+    """The trace, one physical line per block: soft-wrapped, so a terminal folds a long block at its
+    edge and a log keeps it whole, never cut with an ellipsis."""
+    for line in trace_lines(events, tokenizer, cfg):
+        console.print(line, soft_wrap=True)
 
 
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:

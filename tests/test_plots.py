@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,47 @@ def test_no_matplotlib_is_a_one_line_input_error(tmp_path, monkeypatch):
         plot_frontier(REPORT, tmp_path / "f.png")
     assert "\n" not in exc.value.message
     assert not (tmp_path / "f.png").exists()
+
+
+def _drawn(monkeypatch, events, tokenizer):
+    """The trace figure's axes, captured where it would be saved."""
+    from specdec_cli import plots
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or Path(path))
+    plot_trace(events, 3.25, "unused.png", tokenizer)
+    return figs[0].axes[0]
+
+
+def _ticks(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_xticklabels()]
+
+
+def test_trace_names_tokens_when_a_font_has_them(monkeypatch, tokenizer):
+    from specdec_cli import plots, ui
+
+    monkeypatch.setattr(plots, "font_for", lambda text: "DejaVu Sans")  # as if a CJK font were installed
+    events = [BlockEvent(0, tokenizer.convert_tokens_to_ids(["说", "话"]), [0.1, 2.0], 2.1, True, "entropy", 1,
+                         correction=tokenizer.convert_tokens_to_ids("人"), correction_kind="recovered")]
+    ax = _drawn(monkeypatch, events, tokenizer)
+    assert _ticks(ax) == ["说", "话"] == [ui.token_text(tokenizer, t) for t in events[0].draft]
+    assert ax.get_xlabel() == "draft token"
+    assert any(t.get_text() == "entropy" for t in ax.texts)  # why the block escalated
+    assert "rejected by the cloud" in [h.get_label() for h in ax.collections]  # the rejection is crossed
+
+
+def test_trace_falls_back_to_ids_with_a_note_without_a_font(monkeypatch, tokenizer):
+    from specdec_cli import plots
+
+    monkeypatch.setattr(plots, "font_for", lambda text: None)
+    ax = _drawn(monkeypatch, EVENTS, tokenizer)
+    assert _ticks(ax) == [str(t) for e in EVENTS for t in e.draft]
+    assert plots.NO_FONT_NOTE in ax.get_xlabel()
+
+
+def test_font_search_checks_glyphs():
+    from specdec_cli.plots import font_for
+
+    assert font_for("draft") is not None            # matplotlib always ships DejaVu Sans
+    assert font_for("\U0010fffd") is None           # a private-use code point no font draws
+    assert "Last Resort" not in str(font_for("说话"))  # it "covers" everything, with boxes

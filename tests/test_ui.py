@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import re
 
 import pytest
@@ -14,6 +16,8 @@ from specdec_cli.decoding.loop import BlockEvent
 from specdec_cli.models import ModelPair
 from specdec_cli.pipeline import Describer
 from specdec_cli.presets import Preset
+
+pytest_plugins = ["cli_fixtures"]
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -162,3 +166,72 @@ def test_presets_table_names_sources():
     con.print(ui.presets_table(merged, base))
     out = plain(buf.getvalue())
     assert "(over configs/fluent.toml)" in out and "∞" in out and "never" in out
+
+
+# -- the trace that stays after decoding ------------------------------------------------------------
+
+def test_trace_keeps_one_line_per_block(tokenizer, events):
+    cfg = DecodingConfig(threshold=5.75, k=3)
+    con, buf = console(width=140)
+    ui.print_trace(con, events, tokenizer, cfg)
+    lines = plain(buf.getvalue()).splitlines()
+    assert "escalate when ΣH > 5.75" in lines[0] and "k 3" in lines[0]
+    rows = [ln for ln in lines if re.match(r"^\s*\d+\s", ln)]
+    assert len(rows) == len(events)
+    kept, recovered, bonus = rows
+    # block 1: every token with its entropy, unverified, under the threshold, kept on the edge
+    assert "说 0.40·" in kept and "话 0.30·" in kept and "人 0.20·" in kept
+    assert "ΣH 0.90 ≤ 5.75" in kept and "kept on the edge" in kept
+    # block 2: one accepted, the first rejected, the rest discarded; the cloud's own token
+    assert f"是 1.10{ui.ACCEPTED}" in recovered and f"女 2.60{ui.REJECTED}" in recovered
+    assert f"声 2.90{ui.DISCARDED}" in recovered
+    assert "+ 女 (recovered)" in recovered and "6.60 > 5.75" in recovered and "→ cloud (entropy) 1/3" in recovered
+    # block 3: all accepted plus a bonus token
+    assert "+ 语 (bonus)" in bonus and "→ cloud (entropy) 2/2" in bonus
+    # the fixed-width parts line up: every block's tokens start in the same column
+    assert len({ln.index("│") for ln in rows}) == 1
+
+
+def test_trace_says_why_a_block_went_to_the_cloud(tokenizer, events):
+    loop = dataclasses.replace(events[0], escalated=True, reason="loop", accepted=3)
+    always = dataclasses.replace(events[1], reason="always")
+    con, buf = console(width=140)
+    ui.print_trace(con, [loop, always], tokenizer, DecodingConfig(threshold=5.75, k=3, verify="always"))
+    out = plain(buf.getvalue())
+    assert "→ cloud (loop)" in out and "→ cloud (always)" in out
+
+
+def test_trace_entropies_are_coloured_against_the_threshold(tokenizer, events):
+    con, buf = console(width=140)
+    ui.print_trace(con, events, tokenizer, DecodingConfig(threshold=5.75, k=3))
+    raw = buf.getvalue()
+    # 2.60 is over its share of the threshold (5.75 / 3): red; 0.40 is well under it: green
+    assert re.search(r"\x1b\[[0-9;]*31m 2\.60", raw)
+    assert re.search(r"\x1b\[[0-9;]*32m 0\.40", raw)
+
+
+def _trace_rows(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("trace ·"))
+    return [ln for ln in lines[start + 1:] if re.match(r"^\s*\d+\s", ln)]
+
+
+def test_describe_trace_on_stderr_json_alone_on_stdout(tmp_path, models):
+    from cli_helpers import write_clip
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    clip = write_clip(tmp_path / "a.wav")
+    args = ["describe", str(clip), *models, "--max-new-tokens", "12", "--k", "3", "--threshold", "1.5", "--json"]
+    result = CliRunner().invoke(app, [*args, "--trace"])
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)  # stdout holds exactly one JSON object
+    assert result.stdout.count("\n") == 1
+    rows = _trace_rows(result.stderr)
+    assert rows and sum("→ cloud" in r for r in rows) == record["escalations"]
+    assert all(len(r) > 0 and "…" not in r for r in rows)  # whole lines, never cut
+    assert result.stderr.index("trace ·") < result.stderr.index("cloud calls")  # above the summary
+    # Not a terminal and no --trace: no trace (a log keeps the summary only)
+    plain_run = CliRunner().invoke(app, args)
+    assert plain_run.exit_code == 0 and "trace ·" not in plain_run.stderr
