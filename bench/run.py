@@ -404,6 +404,10 @@ def summary(result: dict[str, Any]) -> str:
               f"{u['accuracy_kept']:.1%}, throughput {u['throughput_x']}x", "", "engine overhead per token (ms):"]
     lines += [f"  {name:22s} wall {o['wall_ms_per_token']}  forward {o['forward_ms_per_token']}  "
               f"overhead {o['overhead_ms_per_token']} ({_pct(o['overhead_share'])})" for name, o in result["overhead"].items()]
+    if "vocab152k" in result:
+        from vocab152k import summary_lines
+
+        lines += ["", *summary_lines(result["vocab152k"])]
     return "\n".join(lines)
 
 
@@ -420,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--no-vocab152k", action="store_true",
+                    help="skip bench/vocab152k.py (overhead per token at the real Qwen2.5 vocabulary, mask build, "
+                         "bf16 numerics on a random real-width pair)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -435,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
         pair = load_pair(args.edge, args.cloud, args.device, args.dtype)
         result = bench(pair, clips, args.max_new_tokens, args.cloud_rtt_ms,
                        progress=lambda name: print(f"  {name}", file=sys.stderr))
+        if not args.no_vocab152k:
+            from vocab152k import run as vocab152k_section  # bench/ is sys.path[0] when run as a script
+
+            result["vocab152k"] = vocab152k_section(progress=lambda msg: print(f"  {msg}", file=sys.stderr))
     except SpecdecError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
