@@ -54,19 +54,23 @@ U_HLM = {"source": "arXiv 2412.12687 (U-HLM)", "llm_verifications_saved": 0.459,
 # -- instruments -----------------------------------------------------------------------------------
 
 class ForwardMeter:
-    """Forward passes and the time spent inside them, for one model, via pre/post forward hooks on
-    the top-level module (nested modules' forwards are inside that time)."""
+    """Forward passes, the tokens fed and the time spent inside them, for one model, via pre/post
+    forward hooks on the top-level module (nested modules' forwards are inside that time)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.calls = 0
+        self.tokens = 0
         self.seconds = 0.0
         self._start: float | None = None
         # On a GPU a forward returns before its kernels finish: wait for them, or forward time
         # would shrink to launch time and show up as "overhead".
         self._sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
-        self._handles = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
+        self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                         model.register_forward_hook(self._post)]
 
-    def _pre(self, module, args) -> None:
+    def _pre(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.tokens += int(ids.shape[-1]) if ids is not None else 0
         self._sync()
         self._start = time.perf_counter()
 
@@ -78,7 +82,7 @@ class ForwardMeter:
         self._start = None
 
     def reset(self) -> None:
-        self.calls, self.seconds = 0, 0.0
+        self.calls, self.tokens, self.seconds = 0, 0, 0.0
 
     def close(self) -> None:
         for h in self._handles:
@@ -113,6 +117,9 @@ class Run:
     forwards: dict[str, int]          # model -> forward passes, prefill included
     forward_s: dict[str, float]       # model -> seconds inside forwards
     audio_tower_calls: dict[str, int]
+    tokens_fed: dict[str, int] = field(default_factory=dict)  # model -> tokens fed, prompt included
+    prompt_tokens: int = 0
+    cpu_s: float = 0.0                # process CPU time (1 torch thread: wall time on a core of its own)
     overrun: int = 0                  # tokens generated past our stop rule (HF assisted only)
     text: str = ""
     accuracy: float | None = None     # mean over the six attributes (None without labels)
@@ -140,16 +147,17 @@ class Instruments:
         self.cloud.reset()
         for t in self.towers.values():
             t.calls = 0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             (tokens, overrun), error = fn(), None
         except Exception as exc:  # a failing baseline (HF assisted on a multimodal model) is a finding
             tokens, overrun = [], 0
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         return Run(tokens, wall, {"edge": self.edge.calls, "cloud": self.cloud.calls},
                    {"edge": self.edge.seconds, "cloud": self.cloud.seconds},
-                   {m: t.calls for m, t in self.towers.items()}, overrun, error=error)
+                   {m: t.calls for m, t in self.towers.items()},
+                   {"edge": self.edge.tokens, "cloud": self.cloud.tokens}, cpu_s=cpu, overrun=overrun, error=error)
 
     def close(self) -> None:
         for x in (self.edge, self.cloud, *self.towers.values()):
@@ -256,9 +264,17 @@ def per_mode(runs: list[Run], rtt_ms: float, cloud_only: bool = False) -> dict[s
         "cloud_forwards_per_clip": _r(_mean([r.after_prefill["cloud"] for r in ok]), 2),
         "edge_forwards_per_clip": _r(_mean([r.after_prefill["edge"] for r in ok]), 2),
         "cloud_calls_per_token": _r(cloud_calls / tokens if tokens else None),
+        # All the cloud's work, from the hooks (independent of the engine's own counters): every
+        # forward and every token fed, prefill included; the prompt tokens it prefilled (0 when it
+        # never ran: lazy prefill); the share of clips on which the cloud never ran.
+        "cloud_work_forwards_per_clip": _r(_mean([r.forwards["cloud"] for r in ok]), 2),
+        "cloud_work_tokens_per_clip": _r(_mean([r.tokens_fed.get("cloud", 0) for r in ok]), 2),
+        "cloud_prefill_tokens_per_clip": _r(_mean([r.prompt_tokens * (r.forwards["cloud"] > 0) for r in ok]), 2),
+        "no_cloud_share": _r(sum(r.forwards["cloud"] == 0 for r in ok) / len(ok) if ok else None),
         "edge_audio_tower_calls_per_clip": _r(_mean([r.audio_tower_calls["edge"] for r in ok]), 2),
         "mean_accuracy": _r(_mean(accs)),
         "wall_s_per_clip": _r(wall / len(ok) if ok else None, 5),
+        "cpu_s_per_clip": _r(sum(r.cpu_s for r in ok) / len(ok) if ok else None, 5),
         "tokens_per_s": _r(tokens / wall if wall else None, 2),
         "modelled_tokens_per_s": _r(tokens / (wall + link_s) if wall + link_s else None, 2),
         "wall_ms_per_token": _r(1000 * wall / tokens if tokens else None, 3),
@@ -294,6 +310,8 @@ def identity_section(runs: dict[str, list[Run]], modes: dict[str, dict[str, Any]
         "ratios": {
             "cloud_forwards_ours_vs_hf": _r(_ratio(m["ours_always"]["cloud_forwards_per_clip"], m["hf_assisted"]["cloud_forwards_per_clip"])),
             "cloud_forwards_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_forwards_per_clip"], m["cloud_generate"]["cloud_forwards_per_clip"])),
+            "cloud_work_forwards_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_work_forwards_per_clip"], m["cloud_generate"]["cloud_work_forwards_per_clip"])),
+            "cloud_work_tokens_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_work_tokens_per_clip"], m["cloud_generate"]["cloud_work_tokens_per_clip"])),
             "cloud_forwards_hf_vs_cloud_only": _r(_ratio(m["hf_assisted"]["cloud_forwards_per_clip"], m["cloud_generate"]["cloud_forwards_per_clip"])),
             "edge_forwards_ours_vs_hf": _r(_ratio(m["ours_always"]["edge_forwards_per_clip"], m["hf_assisted"]["edge_forwards_per_clip"])),
             "wall_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["wall_s_per_clip"], m["cloud_generate"]["wall_s_per_clip"])),
@@ -306,11 +324,19 @@ def identity_section(runs: dict[str, list[Run]], modes: dict[str, dict[str, Any]
 
 
 def gated_section(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    cloud, always = modes["cloud"], modes["always"]
+    cloud, always, edge = modes["cloud"], modes["always"], modes["edge"]
     out: dict[str, Any] = {}
     for name in ("fluent", "quality"):
         m = modes[name]
         out[name] = {
+            # Latency against the limit (edge-only: cloud quality at edge cost) and cloud-only.
+            "latency_x_vs_edge_only": _r(_ratio(m["wall_s_per_clip"], edge["wall_s_per_clip"]), 3),
+            "latency_x_vs_cloud_only": _r(_ratio(m["wall_s_per_clip"], cloud["wall_s_per_clip"]), 3),
+            # The same on process CPU time, which a loaded machine's scheduling does not inflate.
+            "cpu_x_vs_edge_only": _r(_ratio(m["cpu_s_per_clip"], edge["cpu_s_per_clip"]), 3),
+            "cpu_x_vs_cloud_only": _r(_ratio(m["cpu_s_per_clip"], cloud["cpu_s_per_clip"]), 3),
+            "cloud_work_tokens_vs_cloud_only": _r(_ratio(m["cloud_work_tokens_per_clip"], cloud["cloud_work_tokens_per_clip"])),
+            "no_cloud_share": m["no_cloud_share"],
             "cloud_calls_per_clip": m["cloud_forwards_per_clip"],
             "mean_accuracy": m["mean_accuracy"],
             # U-HLM counts verifications skipped against verifying every draft: our verify=always.
@@ -357,6 +383,7 @@ def bench(pair: ModelPair, clips: list[tuple[str, Path, dict[str, str] | None]],
             progress(name)
             for mode, (engine, cfg) in runs_plan.items():
                 run = inst.measure(partial(run_one, pair, x, engine, cfg))
+                run.prompt_tokens = int(x["input_ids"].shape[1])
                 run.text = pair.tokenizer.decode(run.tokens, skip_special_tokens=True).strip()
                 if labels is not None and run.error is None:
                     correct = score(run.text, labels)["correct"]
@@ -404,6 +431,13 @@ def summary(result: dict[str, Any]) -> str:
               f"{u['accuracy_kept']:.1%}, throughput {u['throughput_x']}x", "", "engine overhead per token (ms):"]
     lines += [f"  {name:22s} wall {o['wall_ms_per_token']}  forward {o['forward_ms_per_token']}  "
               f"overhead {o['overhead_ms_per_token']} ({_pct(o['overhead_share'])})" for name, o in result["overhead"].items()]
+    if "synthetic" in result:
+        lines += ["", "synthetic pairs, verify=always (speedup over cloud-only, measured vs predicted):"]
+        lines += [f"  c={c['cost_ratio']:5.2f} k={c['k']} alpha={c['acceptance']:.2f}  measured {c['speedup_measured']:.2f}x"
+                  f"  predicted {c['speedup_predicted']:.2f}x  ({c['measured_over_predicted']:.2f})" for c in result["synthetic"]]
+        mem = result["prefill_memory"]
+        lines.append(f"prefill of a 30 s clip at {mem['vocab']} vocab: peak +{mem['prefill_extra_mb_all_logits']} MB with "
+                     f"all logits, +{mem['prefill_extra_mb_last_logits']} MB with the last row only")
     if "vocab152k" in result:
         from vocab152k import summary_lines
 
@@ -427,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-vocab152k", action="store_true",
                     help="skip bench/vocab152k.py (overhead per token at the real Qwen2.5 vocabulary, mask build, "
                          "bf16 numerics on a random real-width pair)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="also run bench/synthetic.py: speedup vs its limit on synthetic pairs (cost ratio 2-10, "
+                         "k 2-8, acceptance 0.6-1) and peak memory of a 30 s prefill at a 152k vocabulary")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -446,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
             from vocab152k import run as vocab152k_section  # bench/ is sys.path[0] when run as a script
 
             result["vocab152k"] = vocab152k_section(progress=lambda msg: print(f"  {msg}", file=sys.stderr))
+        if args.synthetic:
+            from synthetic import synthetic_section  # bench/ is sys.path[0] when run as a script
+
+            result.update(synthetic_section(progress=lambda msg: print(f"  synthetic: {msg}", file=sys.stderr)))
     except SpecdecError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code

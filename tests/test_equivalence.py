@@ -38,6 +38,9 @@ def test_verify_always_equals_cloud_generate(unrelated):
     _, runs = unrelated
     for always, cloud_only, _, _ in runs:
         assert always.tokens == cloud_only.tokens
+        # the lazy prefill rides in the first verification: one cloud forward per cloud call
+        assert always.stats.cloud_work_forwards == always.stats.cloud_calls == always.stats.escalations
+        assert always.stats.cloud_prefill_tokens == cloud_only.stats.cloud_prefill_tokens
 
 
 def test_threshold_inf_equals_edge_generate_and_never_calls_the_cloud(unrelated):
@@ -45,6 +48,8 @@ def test_threshold_inf_equals_edge_generate_and_never_calls_the_cloud(unrelated)
     for _, _, never, edge_only in runs:
         assert never.tokens == edge_only.tokens
         assert never.stats.cloud_calls == 0
+        # lazy prefill (the default): the cloud never ran at all, not even its prefill
+        assert never.stats.cloud_prefill_tokens == never.stats.cloud_work_forwards == 0
 
 
 def test_unrelated_pair_rejects_most_drafts(unrelated):

@@ -154,3 +154,23 @@ def test_placeholder_id_in_the_answer_falls_back_to_two_forwards(cloud, inputs):
     first = eager.prefill(inputs)
     rest = eager.advance(extra)
     assert (rows - torch.cat([first[None], rest])).abs().max() <= 1e-4
+
+
+def test_eval_summarises_cloud_work_against_cloud_only():
+    """Hand-computed: cloud work means, the share of clips with no cloud work, ratios to cloud-only."""
+    from test_evaluate import _correct, _record
+
+    from specdec_cli.evaluate import EvalMode, summarize_all
+
+    def rec(mode, prefill, fed, forwards):
+        return {**_record(mode, _correct()), "cloud_prefill_tokens": prefill, "cloud_work_tokens": prefill + fed,
+                "cloud_work_forwards": forwards}
+
+    modes = [EvalMode("cloud", DecodingConfig(mode="cloud")), EvalMode("fluent", DecodingConfig(k=4), "fluent")]
+    records = [rec("cloud", 90, 10, 11), rec("cloud", 110, 10, 13), rec("fluent", 0, 0, 0), rec("fluent", 100, 10, 2)]
+    cloud, fluent = summarize_all(records, modes)
+    assert (cloud["cloud_work_tokens"], cloud["cloud_work_forwards"], cloud["no_cloud_share"]) == (110, 12, 0.0)
+    assert (fluent["cloud_prefill_tokens"], fluent["cloud_work_tokens"], fluent["cloud_work_forwards"]) == (50, 55, 1)
+    assert fluent["no_cloud_share"] == 0.5
+    assert fluent["cloud_work_tokens_vs_cloud"] == pytest.approx(0.5)
+    assert fluent["cloud_work_forwards_vs_cloud"] == pytest.approx(1 / 12)
