@@ -165,3 +165,13 @@ def test_one_clip_is_not_enough(tmp_path):
     write_clip(tmp_path / "only.wav")
     result = invoke("calibrate", str(tmp_path), "--out", str(tmp_path / "p.toml"))
     assert result.exit_code == 2 and "at least 2 clips" in result.stderr
+
+
+def test_eval_uses_a_presets_file(tmp_path, clips, models):
+    presets = tmp_path / "p.toml"
+    presets.write_text('[fluent]\nthreshold = 0.25\nk = 3\n', encoding="utf-8")
+    result = invoke("eval", str(clips), "--presets", str(presets), "--modes", "fluent", "--limit", "1", "--json",
+                    "--max-new-tokens", "8", *models)
+    assert result.exit_code == 0, result.stderr
+    cfg = json.loads(result.stdout)["settings"]["configs"]["fluent"]
+    assert (cfg["threshold"], cfg["k"]) == (0.25, 3)
