@@ -73,3 +73,19 @@ def test_state_from_another_recipe_is_refused(corpus, tmp_path):
     train("tiny", TINY, tmp_path, corpus, stop_after=1, log=_quiet)
     with pytest.raises(SystemExit, match="another recipe"):
         train("tiny", replace(TINY, lr=1e-3), tmp_path, corpus, log=_quiet)
+
+
+def test_export_loads_like_a_bundled_model(corpus, tmp_path):
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+
+    from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+    from specdec_cli.demo.train import export
+    from specdec_cli.processor import AudioTextProcessor
+
+    st = train("tiny", TINY, tmp_path / "run", corpus, stop_after=2, log=_quiet)
+    export(tmp_path / "run", tmp_path / "model")
+    model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(tmp_path / "model")
+    proc = AudioTextProcessor.from_pretrained(tmp_path / "model")
+    assert proc.tokenizer.get_vocab() == build_qwen_style_tokenizer().get_vocab()
+    for k, v in st["model"].items():
+        assert torch.equal(v, model.state_dict()[k]), k

@@ -443,6 +443,32 @@ def progress(name: str, run_dir: Path, corpus_root: Path = CORPUS) -> str:
     return f"{name}: {st['params']}\n" + progress_table(ev)
 
 
+def export(run_dir: Path, out: Path) -> dict:
+    """Write the latest checkpoint as a model folder (thinker weights + tokenizer + feature
+    extractor), loadable by `specdec --edge/--cloud` and `from_pretrained`; checked by a round trip."""
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+
+    from ..processor import AudioTextProcessor
+    from .corpus import _feature_extractor
+
+    path = run_dir / "state.pt"
+    if not path.exists():
+        raise SystemExit(f"no checkpoint at {path}")
+    st = torch.load(path, weights_only=False)
+    tok = build_qwen_style_tokenizer()
+    model = build_model(Recipe(**st["identity"]["recipe"]), tok)
+    model.load_state_dict(st["model"])
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    AudioTextProcessor(tok, _feature_extractor()).save_pretrained(out)
+    model.save_pretrained(out)
+    again = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(out)
+    for k, v in model.state_dict().items():
+        if not torch.equal(v, again.state_dict()[k]):
+            raise AssertionError(f"{k} changed in the round trip")
+    return {"step": st["step"], "params": st["params"], "folder": str(out)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", choices=list(RECIPES))
@@ -450,8 +476,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--progress", action="store_true", help="print the held-out table of the latest checkpoint")
     ap.add_argument("--save-every", type=float, default=300.0, help="seconds between checkpoints")
+    ap.add_argument("--export", type=Path, default=None, metavar="DIR",
+                    help="write the latest checkpoint as a model folder (processor + weights) and exit")
     args = ap.parse_args(argv)
     run_dir = args.runs / args.model
+    if args.export:
+        print(json.dumps(export(run_dir, args.export)))
+        return
     if args.progress:
         print(progress(args.model, run_dir, args.corpus))
         return
