@@ -380,6 +380,47 @@ def fingerprint(root: Path) -> str:
     return h.hexdigest()[:16]
 
 
+# The demo clips for samples/ (v2): every class of every attribute, both pause classes, all
+# emotions, and ordinary sentence lengths (a few 15-30 characters), from held-out clauses only.
+# (file, fixed labels, (min, max) characters, noise SNR in dB or None)
+SAMPLES: tuple[tuple[str, dict[str, str], tuple[int, int], float | None], ...] = (
+    ("f_fast_high.wav", {"gender": "女声", "rate": "语速较快", "pitch": "音调偏高", "volume": "音量适中", "pauses": "停顿较少"}, (15, 22), None),
+    ("m_slow_low.wav", {"gender": "男声", "rate": "语速较慢", "pitch": "音调偏低", "volume": "音量较小", "pauses": "停顿较少"}, (6, 8), None),
+    ("f_mid_mid_loud.wav", {"gender": "女声", "rate": "语速适中", "pitch": "音调适中", "volume": "音量较大", "pauses": "停顿较多"}, (9, 12), None),
+    ("m_fast_high_pauses.wav", {"gender": "男声", "rate": "语速较快", "pitch": "音调偏高", "volume": "音量较大", "pauses": "停顿较多"}, (24, 30), None),
+    ("f_slow_low_quiet.wav", {"gender": "女声", "rate": "语速较慢", "pitch": "音调偏低", "volume": "音量较小", "pauses": "停顿较多"}, (4, 6), None),
+    ("m_mid_high.wav", {"gender": "男声", "rate": "语速适中", "pitch": "音调偏高", "volume": "音量适中", "pauses": "停顿较少"}, (18, 26), None),
+    ("f_fast_low.wav", {"gender": "女声", "rate": "语速较快", "pitch": "音调偏低", "volume": "音量较小", "pauses": "停顿较少"}, (26, 32), None),
+    ("m_slow_mid.wav", {"gender": "男声", "rate": "语速较慢", "pitch": "音调适中", "volume": "音量较大", "pauses": "停顿较多"}, (7, 10), None),
+    ("f_mid_low_noisy.wav", {"gender": "女声", "rate": "语速适中", "pitch": "音调偏低", "volume": "音量适中", "pauses": "停顿较少"}, (12, 18), 25.0),
+)
+
+
+def write_samples(out: Path, seed: int) -> None:
+    """The bundled demo clips (16-bit wav) and `labels.jsonl` (file, sentence, characters, noise,
+    labels), built from the held-out clauses of the corpus with the same seed."""
+    _, val_c = split_clauses(seed)
+    by_len: dict[int, list[str]] = {}
+    for c in val_c:
+        by_len.setdefault(len(c), []).append(c)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for k, (name, fixed, (lo, hi), snr) in enumerate(SAMPLES):
+        rng = random.Random(f"{seed}/samples/{k}")
+        labels = {**fixed, "emotion": emotion_of(fixed["rate"], fixed["pitch"])}
+        spec = ClipSpec(sentence=make_sentence(rng, val_c, by_len, lo, hi), variant=rng.choice(GENDER_VARIANTS[labels["gender"]]),
+                        speed=rng.randint(*RATE[labels["rate"]]), pitch=rng.randint(*PITCH[labels["pitch"]]),
+                        amplitude=rng.randint(*VOLUME[labels["volume"]]), gap=rng.randint(*PAUSES[labels["pauses"]]),
+                        labels=labels, pad_lead_s=0.2, pad_trail_s=0.2,
+                        noise={"kind": "white", "snr_db": snr, "seed": k} if snr else {})
+        audio = synthesize(spec)
+        sf.write(out / name, audio, SAMPLE_RATE, subtype="PCM_16")
+        lines.append(json.dumps({"file": name, "sentence": spec.sentence, "chars": n_spoken(spec.sentence),
+                                 "seconds": round(len(audio) / SAMPLE_RATE, 2), "noise_snr_db": snr, "labels": labels},
+                                ensure_ascii=False))
+    (out / "labels.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train", type=int, default=12000, help="training clips")
@@ -388,7 +429,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=CORPUS)
     ap.add_argument("--seed", type=int, default=2)
+    ap.add_argument("--samples", type=Path, default=None, metavar="DIR",
+                    help="only write the demo clips + labels.jsonl to DIR (from held-out clauses)")
     args = ap.parse_args(argv)
+    if args.samples:
+        write_samples(args.samples, args.seed)
+        return
     for t in all_descriptions(consistent=False):
         check_template(t)
     train_c, val_c = split_clauses(args.seed)
