@@ -131,10 +131,14 @@ class ForwardClock:
 
 
 def overhead_modes() -> dict[str, tuple[str, DecodingConfig]]:
-    """name -> (engine, config); rules on (they are what costs at 152k), k = 4."""
+    """name -> (engine, config); rules on (they are what costs at 152k), k = 4. The random pair
+    disagrees almost always, so each verified block yields ~1 token for k + (k+1) processed rows;
+    the twin run (the cloud drafting for itself: every draft accepted, k+1 tokens per block) shows
+    the per-token cost when drafts are accepted, as with a trained pair."""
     base = DecodingConfig(k=4)
     return {
         "spec_verify_always": ("spec", base.with_(verify="always")),
+        "spec_verify_always_twin": ("twin", base.with_(verify="always")),
         "spec_verify_always_sample": ("spec", base.with_(verify="always", sample=True, seed=0)),
         "spec_edge_only_threshold_inf": ("spec", base.with_(threshold=float("inf"))),
         "hf_generate_cloud_only": ("baseline", base.with_(mode="cloud")),
@@ -143,8 +147,9 @@ def overhead_modes() -> dict[str, tuple[str, DecodingConfig]]:
 
 
 def _decode(pair: ModelPair, inputs, engine: str, cfg: DecodingConfig) -> list[int]:
-    if engine == "spec":
-        return speculative_decode(pair.edge, pair.cloud, inputs, cfg, pair.masks, pair.eos_ids).tokens
+    if engine in ("spec", "twin"):
+        edge = pair.cloud if engine == "twin" else pair.edge
+        return speculative_decode(edge, pair.cloud, inputs, cfg, pair.masks, pair.eos_ids).tokens
     model = pair.cloud if cfg.mode == "cloud" else pair.edge
     return generate_baseline(model, inputs, cfg, pair.masks, pair.eos_ids, pair.tokenizer.pad_token_id).tokens
 
