@@ -4,6 +4,7 @@ they were sampled from."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,15 +30,17 @@ def entropy(scores: torch.Tensor) -> float:
 
 
 def pick(scores: torch.Tensor, generator: torch.Generator | None,
-         banned: np.ndarray | None = None) -> tuple[int, float, torch.Tensor | None]:
+         banned: Sequence[np.ndarray] | np.ndarray = ()) -> tuple[int, float, torch.Tensor | None]:
     """The token (greedy when `generator` is None: argmax; else drawn from softmax(scores)), the
     entropy of softmax(scores) in nats, and the probabilities when sampling.
 
     One softmax per row serves both: H = lse - Σ p·x, with lse = x[a] - log p[a] at the argmax a.
     At 152k rows that is one pass less than log_softmax + exp, and numpy's argmax / dot are ~10x
-    faster than torch's on a 1-D CPU row. `banned` lists the -inf entries (p = 0 there, but
-    0 · -inf is nan in the dot): they are zeroed for the dot and restored; any other -inf falls
-    back to the reference formula."""
+    faster than torch's on a 1-D CPU row. `banned` holds arrays of the -inf entries (p = 0 there,
+    but 0 · -inf is nan in the dot): they are zeroed for the dot and restored; any other -inf
+    falls back to the reference formula."""
+    if isinstance(banned, np.ndarray):
+        banned = (banned,)
     probs = torch.softmax(scores, dim=-1)
     x, p = scores.numpy(), probs.numpy()
     best = int(x.argmax())
@@ -45,13 +48,11 @@ def pick(scores: torch.Tensor, generator: torch.Generator | None,
         token = best
     else:
         token = int(torch.multinomial(probs, 1, generator=generator))
-    if banned is not None and banned.size:
-        saved = x[banned]
-        x[banned] = 0.0
-        mean = float(np.dot(p, x))
-        x[banned] = saved
-    else:
-        mean = float(np.dot(p, x))
+    for ids in banned:
+        x[ids] = 0.0
+    mean = float(np.dot(p, x))
+    for ids in banned:
+        x[ids] = -np.inf  # they were -inf: restored without a copy
     h = float(x[best]) - math.log(float(p[best])) - mean
     if not math.isfinite(h):
         h = entropy(scores)
@@ -71,7 +72,7 @@ def propose(edge: ModelState, sequence: list[int], k: int, rules: DecodingRules,
     for i in range(k):
         context = sequence + tokens
         scores = rules.process_ids(context, logits)
-        token, h, p = pick(scores, generator, rules.banned(context, scores.shape[-1]))
+        token, h, p = pick(scores, generator, rules.banned_parts(context, scores.shape[-1]))
         tokens.append(token)
         entropies.append(h)
         if p is not None:

@@ -185,17 +185,27 @@ class AnswerTracker:
 
 # -- the processors --------------------------------------------------------------------------------
 
+def _np(row: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a CPU row (numpy's fancy read/write on a 1-D CPU row is ~10x faster than
+    torch's index ops), None on an accelerator."""
+    return row.numpy() if row.device.type == "cpu" and not row.requires_grad else None
+
+
 def ban_(row: torch.Tensor, ids: np.ndarray) -> None:
-    """row[ids] = -inf, in place (numpy's fancy write on CPU: ~5 µs for 3k ids, torch's index_fill
-    ~40 µs; on an accelerator, index_fill_)."""
+    """row[ids] = -inf, in place (ids below the row's width: callers filter)."""
     if not ids.size:
         return
-    if ids.max() >= row.shape[-1]:  # a model narrower than the tokenizer
-        ids = ids[ids < row.shape[-1]]
-    if row.device.type == "cpu" and not row.requires_grad:
-        row.numpy()[ids] = -np.inf
+    view = _np(row)
+    if view is not None:
+        view[ids] = -np.inf
     else:
         row.index_fill_(0, torch.from_numpy(ids).to(row.device), -float("inf"))
+
+
+def _below(ids: np.ndarray, width: int, n_text: int) -> np.ndarray:
+    """Token ids (all < n_text) that exist in a row of `width` (a model narrower than the tokenizer
+    only in toy setups)."""
+    return ids if width >= n_text else ids[ids < width]
 
 
 class CharRule(LogitsProcessor):
@@ -211,7 +221,8 @@ class CharRule(LogitsProcessor):
         raise NotImplementedError
 
     def apply_(self, state: AnswerState, row: torch.Tensor) -> None:
-        ban_(row, self.banned(state, row.shape[-1]))
+        width = row.shape[-1]
+        ban_(row, _below(self.banned(state, width), width, self.tracker.index.n_text))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         out = scores.clone()
@@ -231,7 +242,13 @@ class ContentRepetitionPenalty(CharRule):
     """HF `RepetitionPenaltyLogitsProcessor` semantics (positive logits divided, negative multiplied:
     F4) on the answer's CJK content tokens only (F9: never on punctuation). Written as HF's gather /
     where / scatter on the row in place, so it is bit-identical to HF's processor given the content
-    history (a test checks) without HF's full-row pad and copy (~0.2 ms at 152k)."""
+    history (a test checks) without HF's full-row pad and copy (~0.2 ms at 152k).
+
+    On Qwen's tokens the history holds 音 once 音调 is written as 音/调, so 音量 and 音色 pay the
+    penalty on their 音 (a logit of 12 becomes 10): a soft push, never a ban, which the cloud's or
+    the edge's confidence in an attribute word outweighs; multi-character tokens (较快, 情绪) are
+    penalised only when that very token repeats. Per-character penalties would have no HF
+    counterpart to be checked against."""
 
     def __init__(self, penalty: float, prompt_len: int, masks: VocabMasks, tracker: AnswerTracker | None = None) -> None:
         super().__init__(prompt_len, masks, tracker)
@@ -243,11 +260,18 @@ class ContentRepetitionPenalty(CharRule):
     def apply_(self, state: AnswerState, row: torch.Tensor) -> None:
         if not state.content or self.penalty == 1.0:
             return
-        ids = _cached(state, "content", lambda: torch.tensor(state.content, dtype=torch.long))
-        if ids.device != row.device:
-            ids = ids.to(row.device)
-        score = row[ids]
-        row[ids] = torch.where(score < 0, score * self.penalty, score / self.penalty)
+        ids = _cached(state, "content", lambda: np.array(state.content, np.int64))
+        ids = _below(ids, row.shape[-1], self.tracker.index.n_text)
+        view = _np(row)
+        if view is not None:
+            # numpy's float32 ops with a Python scalar round exactly as torch's (checked bitwise
+            # against HF's processor in test_seed_failures::test_F4).
+            score = view[ids]
+            view[ids] = np.where(score < 0, score * self.penalty, score / self.penalty)
+        else:
+            index = torch.from_numpy(ids).to(row.device)
+            score = row[index]
+            row[index] = torch.where(score < 0, score * self.penalty, score / self.penalty)
 
 
 class NeverEmit(CharRule):
@@ -392,7 +416,17 @@ class DecodingRules:
             self.sentence_end,
         ])
         self._eos = frozenset(self.eos_ids)
-        self._rules = [p for p in self.processors if isinstance(p, CharRule)]
+        procs = list(self.processors)
+        rules = [p for p in procs if isinstance(p, CharRule)]
+        # The fast path writes every ban of a row at once (one static and one per-prefix index
+        # array): the same numbers as running the rules one by one, because a ban writes -inf and
+        # the penalty maps -inf to -inf, so their order among themselves does not matter. HF's
+        # own processors (temperature) must come after all of them, as build() puts them.
+        self._fast = procs[:len(rules)] == rules
+        self._penalty = next((p for p in rules if isinstance(p, ContentRepetitionPenalty)), None)
+        self._never = next((p for p in rules if isinstance(p, NeverEmit)), None)
+        self._dynamic = [p for p in rules if p is not self._penalty and p is not self._never]
+        self._hf = procs[len(rules):]
 
     def answer(self, ids: Sequence[int]) -> Sequence[int]:
         return ids[self.prompt_len:]
@@ -411,16 +445,36 @@ class DecodingRules:
         whatever the entropy (F10, F11)."""
         return self.tracker.loop_after(ids[self.prompt_len:], new_from - self.prompt_len)
 
+    def _bans(self, state: AnswerState, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids banned after every prefix, ids banned after this one), each below `width`."""
+        static = self._never.banned(state, width) if self._never is not None else _EMPTY
+
+        def dynamic() -> np.ndarray:
+            parts = [p.banned(state, width) for p in self._dynamic]
+            parts = [p for p in parts if p.size]
+            return np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else _EMPTY)
+
+        return static, _below(_cached(state, f"bans{width}", dynamic), width, self.tracker.index.n_text)
+
     def banned(self, ids: Sequence[int], width: int) -> np.ndarray:
-        """Every id the rules set to -inf after `ids` (may repeat ids)."""
-        state = self.tracker.state(ids[self.prompt_len:])
-        parts = [p.banned(state, width) for p in self._rules if not isinstance(p, ContentRepetitionPenalty)]
-        parts = [p for p in parts if p.size]
-        return np.concatenate(parts) if parts else _EMPTY
+        """Every id the rules set to -inf after `ids` (ids may repeat)."""
+        return np.concatenate(self._bans(self.tracker.state(ids[self.prompt_len:]), width))
+
+    def banned_parts(self, ids: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
+        """`banned` as two arrays, not concatenated (the drafter's entropy reads them)."""
+        return self._bans(self.tracker.state(ids[self.prompt_len:]), width)
 
     def _apply(self, ids: Sequence[int], row: torch.Tensor) -> torch.Tensor:
         state = self.tracker.state(ids[self.prompt_len:])
-        for processor in self.processors:
+        if not self._fast:
+            hf_only = self.processors
+        else:
+            if self._penalty is not None:
+                self._penalty.apply_(state, row)
+            for part in self._bans(state, row.shape[-1]):
+                ban_(row, part)
+            hf_only = self._hf
+        for processor in hf_only:
             if isinstance(processor, CharRule):
                 processor.apply_(state, row)
             else:  # HF's own (temperature): its __call__, as `generate` runs it
