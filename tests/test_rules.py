@@ -145,3 +145,47 @@ def test_self_repeat_triggers_are_exact():
         for tail in tails:
             expected = new_grams_repeat(tail, c, N)
             assert any(tail[-s:] in trig for s in range(1, len(tail) + 1)) is expected, (tail, c)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fast_path_equals_the_processors_one_by_one(setup, temperature):
+    """`process_ids` / `process_block` (all bans of a row at once) give bit for bit what HF
+    `generate` computes by calling each processor in turn; the drafter's entropy from its one
+    softmax equals the reference formula."""
+    import torch
+
+    from specdec_cli.decoding.drafter import entropy, pick
+
+    tok, width, _, _, eos, _ = setup
+    cfg = CFG.with_(temperature=temperature)
+    rules = DecodingRules.build(cfg, VocabMasks.for_tokenizer(tok, width), prompt_len=2, eos_ids=[eos])
+    torch.manual_seed(0)
+    answer = tok.encode("说话人是女声，语速较快，音调偏高，音量", add_special_tokens=False)
+    prompt = answer[:2]
+    rows = torch.randn(len(answer) - 1, width) * 4
+    block = rules.process_block(prompt, answer[2:], rows)
+    for j in range(rows.shape[0]):
+        ids = prompt + answer[2:2 + j]
+        chain = rows[j][None].clone()
+        for processor in rules.processors:
+            chain = processor(torch.tensor([ids]), chain)
+        fast = rules.process_ids(ids, rows[j])
+        assert torch.equal(fast, chain[0]) and torch.equal(block[j], chain[0])
+        token, h, _ = pick(fast.clone(), None, rules.banned_parts(ids, width))
+        assert token == int(torch.argmax(chain[0])) and h == pytest.approx(entropy(chain[0]), abs=1e-3)
+
+
+def test_repetition_penalty_on_qwen_tokens(qwen_tokenizer):
+    """What the penalty does to legitimately repeated characters: on Qwen 音调 is 音/调, so after
+    it the single-character token 音 is in the history and 音量 / 音色 pay the penalty on their
+    音; 较快 and 较少 are different tokens, so 较 is not penalised by 较快."""
+    import torch
+
+    tok = qwen_tokenizer
+    rules = DecodingRules.build(CFG, VocabMasks.for_tokenizer(tok, 152064), prompt_len=0, eos_ids=[151645])
+    ids = tok.encode("说话人是女声，语速较快，音调偏高，")
+    row = rules.process_ids(ids, torch.full((152064,), 6.0))
+    yin, jiao, jiaoshao = tok.encode("音")[0], tok.encode("较")[0], tok.encode("较少")[0]
+    assert row[yin] == pytest.approx(5.0)             # 6 / 1.2
+    assert row[jiao] == 6.0 and row[jiaoshao] == 6.0
+    assert row[tok.encode("，")[0]] == -float("inf")  # the gate, not the penalty
