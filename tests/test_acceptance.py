@@ -109,3 +109,20 @@ def test_widths_differ_over_a_whole_block():
     for _ in range(100):
         v = rejection_verdict([0, 1, 2], q, only_new, g)
         assert (v.accepted, v.kind) == (0, "recovered") and v.token in (4, 5)
+
+
+def test_greedy_verdict_breaks_ties_and_nans_as_torch_argmax():
+    """The verdict's argmax (NumPy on CPU float rows, for speed at 152k) picks what HF greedy
+    search's torch.argmax picks: the first maximum, NaN counted as the maximum, -inf ignored."""
+    from specdec_cli.decoding.acceptance import first_argmax
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        v = int(torch.randint(2, 40, (1,), generator=g))
+        x = torch.randint(-3, 3, (4, v), generator=g).float()  # small integers: many ties
+        if trial % 3 == 0:
+            x[torch.rand(4, v, generator=g) < 0.3] = -float("inf")
+        if trial % 5 == 0:
+            x[0, int(torch.randint(0, v, (1,), generator=g))] = float("nan")
+        assert first_argmax(x) == x.argmax(dim=-1).tolist()
+        assert first_argmax(x.double()) == first_argmax(x.bfloat16()) == x.argmax(dim=-1).tolist()
