@@ -246,6 +246,21 @@ def test_F11_a_confident_loop_escalates_whatever_the_entropy_and_does_not_stop()
     assert never.tokens[:4] == [ID["y"], ID["x"], ID["y"], ID["x"]]
 
 
+def test_F11_a_confident_character_loop_escalates_before_any_ban_applies():
+    """说话说话 breaks no ban yet (no 4-gram twice, no character twice in a row) but is a tandem
+    repeat of the content stream: the block goes to the cloud at ~0 entropy, and the cloud's
+    chain (说话人是…) replaces the loop."""
+    edge, cloud = _loop_pair()
+    edge.set(ID["说"], ID["话"]).set(ID["话"], ID["说"]).set(ID["x"], ID["说"])
+    inputs = {"input_ids": torch.tensor([[ID["x"]]]), "attention_mask": torch.ones(1, 1, dtype=torch.long)}
+    events = []
+    cfg = DecodingConfig(k=4, max_new_tokens=8, threshold=1e6)
+    out = speculative_decode(edge, cloud, inputs, cfg, TOY_MASKS, eos_ids=[0], on_block=events.append)
+    assert events[0].reason == "loop" and events[0].uncertainty < 0.1  # the presets use 3-6 nats
+    assert [TOY[t] for t in events[0].draft] == ["说", "话", "说", "话"]
+    assert [TOY[t] for t in out.tokens[:3]] == ["说", "话", "人"]
+
+
 def test_F12_one_sentence_stop_rule():
     crit = SentenceEndCriteria(prompt_len=2, masks=TOY_MASKS, min_chars=12)
     early = ids(*(["说"] * 5 + ["。"]))
