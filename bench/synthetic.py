@@ -23,7 +23,7 @@ whereas wall time on this shared 2-core machine (load average 5-10) is mostly wa
 wall-time ratios are kept for reference. The models are wide enough (hidden 512) that a forward
 is mostly matmul time, not Python.
 
-`prefill_memory()` measures peak memory (max RSS, each case in a fresh subprocess) of one
+`prefill_memory()` measures peak memory (peak RSS, each case in a fresh subprocess) of one
 prefill of a 30 s clip by a thinker with a 152,064-row vocabulary, with logits for every position
 (as the thinker's forward computes them) and for the last position only (ModelState).
 """
@@ -258,20 +258,33 @@ def _memory_probe(case: str) -> dict[str, Any]:
     model = Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
     rng = np.random.default_rng(0)
     inputs = processor((0.1 * rng.standard_normal(16000 * 30)).astype(np.float32))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mb()
     if case == "full":
         with torch.inference_mode():
             out = model(**inputs, past_key_values=DynamicCache(), use_cache=True)
             out.logits[0, -1].float().cpu()
     elif case == "last":
         ModelState(model).prefill(inputs)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"case": case, "prompt_tokens": int(inputs["input_ids"].shape[1]),
-            "maxrss_before_mb": round(before / 1024, 1), "maxrss_mb": round(peak / 1024, 1)}
+            "maxrss_before_mb": round(before, 1), "maxrss_mb": round(peak_rss_mb(), 1)}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set, MB. Linux's `VmHWM` (the high-water mark of the current
+    address space) where there is one: `ru_maxrss` is carried across fork + exec, so a probe
+    started from the large bench process would report the bench's own peak (seen: 965 MB for
+    every case). Elsewhere `ru_maxrss` (KB on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def prefill_memory() -> dict[str, Any]:
-    """Peak RSS (Linux ru_maxrss) of a 30 s clip's prefill at a 152,064-row vocabulary, each case
+    """Peak RSS (VmHWM) of a 30 s clip's prefill at a 152,064-row vocabulary, each case
     in its own process: full logits (before) vs the last row only (after)."""
     runs = {}
     for case in ("none", "full", "last"):
