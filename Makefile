@@ -9,7 +9,7 @@ SAMPLE ?= samples/f_fast_high.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench presets clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,15 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/run.py --json
+
+# The demo pair's shipped presets, calibrated on 48 held-out demo clips (needs espeak-ng; ~6 min on
+# 2 busy cores). Rerun after a change to the decoding rules or the demo models.
+HELDOUT ?= .demo-work/heldout
+presets:  # after `make install`
+	$(BIN)/python -m specdec_cli.demo.heldout $(HELDOUT) --clips 48
+	$(BIN)/specdec calibrate $(HELDOUT) --labels $(HELDOUT)/labels.jsonl \
+		--out specdec_cli/demo/models/edge/specdec_presets.toml
+	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -302,7 +302,7 @@ def calibrate_command(
         choices.append(Choice(name, points, r, s, scored[r.name][1], met))
 
     header = [f"Presets written by `specdec calibrate` (specdec {__version__}, {time.strftime('%Y-%m-%d')}).",
-              f"edge: {pair.edge_id}", f"cloud: {pair.cloud_id}",
+              f"edge: {_shown(pair.edge_id)}", f"cloud: {_shown(pair.cloud_id)}",
               f"clips: {len(paths)} from {directory} ({len(calib)} calibration: 1st, 3rd, ...; "
               f"{len(check)} check: 2nd, 4th, ...)",
               f"quality measure: {measure}",
@@ -324,6 +324,13 @@ def calibrate_command(
     err.print(f"presets: {out} · use with --presets {out}", markup=False)
 
 
+def _shown(model: str) -> str:
+    """A model folder relative to the working directory (as a user types it); a Hub id as is."""
+    from .presets import _shown as shown_path
+
+    return shown_path(Path(model)) if Path(model).is_dir() else model
+
+
 def _null():
     from contextlib import nullcontext
 
@@ -334,10 +341,10 @@ def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], c
                   n_calib: int, n_check: int) -> Table:
     chosen: dict[str, str] = {}
     for c in choices:  # one setting may be both presets
-        chosen[c.run.name] = f"{chosen[c.run.name]} + {c.name}" if c.run.name in chosen else c.name
+        chosen[c.run.name] = f"{chosen[c.run.name]}+{c.name}" if c.run.name in chosen else c.name
     table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
-                  box=box.SIMPLE_HEAD)
-    for header in ("setting", "calls/tok", "quality", "check calls/tok", "check quality", "preset"):
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
         table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True)
 
     def order(r: Run) -> tuple:
