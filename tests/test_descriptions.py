@@ -122,11 +122,22 @@ def demo_tokenizer():
     return build_tokenizer(texts)
 
 
-@pytest.fixture(scope="module", params=["demo", "qwen"])
+@pytest.fixture(scope="module", params=["demo", "demo-v2", "qwen"])
 def tok(request, demo_tokenizer):
     if request.param == "demo":
         return demo_tokenizer
+    if request.param == "demo-v2":  # the compact Qwen-style BPE of issue 11
+        from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+
+        return build_qwen_style_tokenizer()
     return request.getfixturevalue("qwen_tokenizer")
+
+
+def _whole_characters(tok, text: str) -> bool:
+    """Whether `text` tokenizes into whole characters. The v2 demo vocabulary holds only the
+    demo corpus's tokens; other characters fall back to byte tokens, which the rules never emit
+    (U+FFFD), so those texts are outside what that tokenizer can answer."""
+    return all("\ufffd" not in tok.decode([i]) for i in tok.encode(text, add_special_tokens=False))
 
 
 def _rules(tok, prompt: list[int], cfg: DecodingConfig | None = None) -> DecodingRules:
@@ -156,7 +167,9 @@ def test_ordinary_descriptions_pass_every_rule(tok):
     prompt = _encode(tok, render_prompt())
     width = 152064 if len(tok) > 150000 else len(tok)
     zeros = torch.zeros(width)
-    for text in CORPUS:
+    texts = [t for t in CORPUS if _whole_characters(tok, t)]
+    assert len(texts) >= 180
+    for text in texts:
         ids = prompt + _encode(tok, text)
         rules = _rules(tok, prompt)
         for i in range(len(prompt), len(ids)):
@@ -181,6 +194,8 @@ def _blocked_at(tok, rules: DecodingRules, prompt: list[int], ids: list[int]) ->
 def test_seed_loops_are_blocked_before_their_second_round_ends(tok, prefix, unit):
     prompt = _encode(tok, render_prompt())
     text = prefix + unit * 4
+    if not _whole_characters(tok, text):
+        pytest.skip("characters outside this tokenizer's vocabulary")
     ids = prompt + _encode(tok, text)
     at = _blocked_at(tok, _rules(tok, prompt), prompt, ids)
     assert at is not None and at < len(prefix) + 2 * len(unit), (text, at)  # the token holding the end
