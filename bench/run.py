@@ -307,12 +307,13 @@ def identity_section(runs: dict[str, list[Run]], modes: dict[str, dict[str, Any]
         # (cut off before comparing; see hf_assisted).
         "hf_assisted_ran_past_stop": f"{sum(r.overrun > 0 for r in hf)}/{len(hf)}",
         "per_mode": m,
+        # Cloud forwards counted whole (prefill included): our lazy prefill rides in a verification.
         "ratios": {
-            "cloud_forwards_ours_vs_hf": _r(_ratio(m["ours_always"]["cloud_forwards_per_clip"], m["hf_assisted"]["cloud_forwards_per_clip"])),
-            "cloud_forwards_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_forwards_per_clip"], m["cloud_generate"]["cloud_forwards_per_clip"])),
+            "cloud_forwards_ours_vs_hf": _r(_ratio(m["ours_always"]["cloud_work_forwards_per_clip"], m["hf_assisted"]["cloud_work_forwards_per_clip"])),
+            "cloud_forwards_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_work_forwards_per_clip"], m["cloud_generate"]["cloud_work_forwards_per_clip"])),
             "cloud_work_forwards_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_work_forwards_per_clip"], m["cloud_generate"]["cloud_work_forwards_per_clip"])),
             "cloud_work_tokens_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["cloud_work_tokens_per_clip"], m["cloud_generate"]["cloud_work_tokens_per_clip"])),
-            "cloud_forwards_hf_vs_cloud_only": _r(_ratio(m["hf_assisted"]["cloud_forwards_per_clip"], m["cloud_generate"]["cloud_forwards_per_clip"])),
+            "cloud_forwards_hf_vs_cloud_only": _r(_ratio(m["hf_assisted"]["cloud_work_forwards_per_clip"], m["cloud_generate"]["cloud_work_forwards_per_clip"])),
             "edge_forwards_ours_vs_hf": _r(_ratio(m["ours_always"]["edge_forwards_per_clip"], m["hf_assisted"]["edge_forwards_per_clip"])),
             "wall_ours_vs_cloud_only": _r(_ratio(m["ours_always"]["wall_s_per_clip"], m["cloud_generate"]["wall_s_per_clip"])),
             "wall_hf_vs_cloud_only": _r(_ratio(m["hf_assisted"]["wall_s_per_clip"], m["cloud_generate"]["wall_s_per_clip"])),
@@ -337,19 +338,23 @@ def gated_section(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "cpu_x_vs_cloud_only": _r(_ratio(m["cpu_s_per_clip"], cloud["cpu_s_per_clip"]), 3),
             "cloud_work_tokens_vs_cloud_only": _r(_ratio(m["cloud_work_tokens_per_clip"], cloud["cloud_work_tokens_per_clip"])),
             "no_cloud_share": m["no_cloud_share"],
-            "cloud_calls_per_clip": m["cloud_forwards_per_clip"],
+            # Every cloud forward, prefill included: with the lazy prefill each spec-mode forward is
+            # one verification (the first carries the prefill), so "after prefill" would drop one.
+            "cloud_calls_per_clip": m["cloud_work_forwards_per_clip"],
             "mean_accuracy": m["mean_accuracy"],
             # U-HLM counts verifications skipped against verifying every draft: our verify=always.
-            "cloud_calls_saved_vs_always": _r(1 - _ratio(m["cloud_forwards_per_clip"], always["cloud_forwards_per_clip"])
-                                              if always["cloud_forwards_per_clip"] else None),
-            "cloud_calls_saved_vs_cloud_only": _r(1 - _ratio(m["cloud_forwards_per_clip"], cloud["cloud_forwards_per_clip"])
-                                                  if cloud["cloud_forwards_per_clip"] else None),
+            "cloud_calls_saved_vs_always": _r(1 - _ratio(m["cloud_work_forwards_per_clip"],
+                                                         always["cloud_work_forwards_per_clip"])
+                                              if always["cloud_work_forwards_per_clip"] else None),
+            "cloud_calls_saved_vs_cloud_only": _r(1 - _ratio(m["cloud_work_forwards_per_clip"],
+                                                             cloud["cloud_work_forwards_per_clip"])
+                                                  if cloud["cloud_work_forwards_per_clip"] else None),
             "accuracy_kept_vs_cloud_only": _r(_ratio(m["mean_accuracy"], cloud["mean_accuracy"])),
             "throughput_x_vs_cloud_only": _r(_ratio(m["tokens_per_s"], cloud["tokens_per_s"]), 3),
             "modelled_throughput_x_vs_cloud_only": _r(_ratio(m["modelled_tokens_per_s"], cloud["modelled_tokens_per_s"]), 3),
         }
-    out["reference"] = {"cloud_only": {k: cloud[k] for k in ("cloud_forwards_per_clip", "mean_accuracy", "tokens_per_s")},
-                        "always": {k: always[k] for k in ("cloud_forwards_per_clip", "mean_accuracy", "tokens_per_s")},
+    ref = ("cloud_work_forwards_per_clip", "mean_accuracy", "tokens_per_s")
+    out["reference"] = {"cloud_only": {k: cloud[k] for k in ref}, "always": {k: always[k] for k in ref},
                         "edge_only": {k: modes["edge"][k] for k in ("mean_accuracy", "tokens_per_s")}}
     out["u_hlm_published"] = U_HLM
     return out
