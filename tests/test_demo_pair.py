@@ -69,4 +69,6 @@ def test_demo_presets_are_calibrated_in_the_model_folder():
     assert path is not None and path.parent.name == "edge"
     fluent, quality = resolve("fluent", path), resolve("quality", path)
     assert fluent.source == quality.source and fluent.source.endswith("edge/specdec_presets.toml")
-    assert quality.values["k"] == 6 and fluent.values["k"] == 4
+    # written by `specdec calibrate` (make presets); fluent escalates no more often than quality
+    assert path.read_text(encoding="utf-8").startswith("# Presets written by `specdec calibrate`")
+    assert fluent.values["k"] >= quality.values["k"] and fluent.values["threshold"] >= quality.values["threshold"]
