@@ -340,8 +340,8 @@ def _null():
 def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],
                   n_calib: int, n_check: int) -> Table:
     chosen: dict[str, str] = {}
-    for c in choices:  # one setting may be both presets
-        chosen[c.run.name] = f"{chosen[c.run.name]}+{c.name}" if c.run.name in chosen else c.name
+    for c in choices:  # one setting may be both presets ("both": keeps the table within 80 columns)
+        chosen[c.run.name] = "both" if c.run.name in chosen else c.name
     table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
