@@ -257,18 +257,26 @@ class ContentRepetitionPenalty(CharRule):
     def history(self, state: AnswerState) -> tuple[int, ...]:
         return state.content
 
+    def _ids(self, state: AnswerState) -> np.ndarray:
+        return _cached(state, "content", lambda: np.array(state.content, np.int64))
+
+    def apply_np(self, state: AnswerState, view: np.ndarray) -> None:
+        """The penalty on a numpy view of a CPU row. numpy's float32 ops with a Python scalar round
+        exactly as torch's (checked bitwise against HF's processor in test_F4)."""
+        if not state.content:
+            return
+        ids = _below(self._ids(state), view.shape[-1], self.tracker.index.n_text)
+        score = view[ids]
+        view[ids] = np.where(score < 0, score * self.penalty, score / self.penalty)
+
     def apply_(self, state: AnswerState, row: torch.Tensor) -> None:
         if not state.content or self.penalty == 1.0:
             return
-        ids = _cached(state, "content", lambda: np.array(state.content, np.int64))
-        ids = _below(ids, row.shape[-1], self.tracker.index.n_text)
         view = _np(row)
         if view is not None:
-            # numpy's float32 ops with a Python scalar round exactly as torch's (checked bitwise
-            # against HF's processor in test_seed_failures::test_F4).
-            score = view[ids]
-            view[ids] = np.where(score < 0, score * self.penalty, score / self.penalty)
+            self.apply_np(state, view)
         else:
+            ids = _below(self._ids(state), row.shape[-1], self.tracker.index.n_text)
             index = torch.from_numpy(ids).to(row.device)
             score = row[index]
             row[index] = torch.where(score < 0, score * self.penalty, score / self.penalty)
@@ -469,10 +477,18 @@ class DecodingRules:
         if not self._fast:
             hf_only = self.processors
         else:
-            if self._penalty is not None:
-                self._penalty.apply_(state, row)
-            for part in self._bans(state, row.shape[-1]):
-                ban_(row, part)
+            view = _np(row)
+            if view is None:  # an accelerator: the rules' own torch paths
+                if self._penalty is not None:
+                    self._penalty.apply_(state, row)
+                for part in self._bans(state, row.shape[-1]):
+                    ban_(row, part)
+            else:  # the same writes on one numpy view of the CPU row (per-call overhead matters here)
+                if self._penalty is not None and state.content and self._penalty.penalty != 1.0:
+                    self._penalty.apply_np(state, view)
+                for part in self._bans(state, row.shape[-1]):
+                    if part.size:
+                        view[part] = -np.inf
             hf_only = self._hf
         for processor in hf_only:
             if isinstance(processor, CharRule):
