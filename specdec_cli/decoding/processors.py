@@ -299,6 +299,16 @@ class NeverEmit(CharRule):
         return self.tracker.index.static_for(width, self.allowed)
 
 
+class PastTokenizerRows(CharRule):
+    """Rows past the tokenizer (Qwen2.5-Omni's 151,936 / 152,064 rows against 151,665 tokens) are
+    never real tokens: banned even when the constraints are off, because an id the edge's
+    embedding does not have would crash its next step, and no text could decode it. With the
+    constraints on, NeverEmit already bans them (this rule is then left out)."""
+
+    def banned(self, state: AnswerState, width: int) -> np.ndarray:
+        return np.arange(self.tracker.index.n_text, width, dtype=np.int64)
+
+
 class ContentNoRepeatNGram(CharRule):
     """No n-gram of the CJK content character stream twice (F5 on characters: after `x y z`, every
     token starting with `w` is banned when `x y z w` occurred; punctuation is stripped, so
@@ -409,6 +419,8 @@ class DecodingRules:
                 NoImmediateRepeat(prompt_len, masks, tracker),
                 PunctuationGate(prompt_len, masks, cfg.comma_min_chars, cfg.stop_min_chars, tracker),
             ])
+        else:
+            procs.append(PastTokenizerRows(prompt_len, masks, tracker))
         # Temperature once, last (F6). With temperature 1 it is the identity and is left out.
         if cfg.temperature != 1.0:
             procs.append(TemperatureLogitsWarper(cfg.temperature))
