@@ -77,6 +77,13 @@ RECIPES: dict[str, Recipe] = {
                   audio_ffn=192, dropout=0.1, text_dropout=0.0),
         steps=3000, lr=2e-3, batch=16, eval_every=300,
     ),
+    # The 3000-step edge reached 95.7% teacher-forced (step 2100): too close to what the cloud can
+    # show (issue 11 wants the edge >= 5 points below). Same ears, a quarter of the schedule.
+    "edge_short": Recipe(
+        size=dict(hidden=64, layers=1, heads=4, kv_heads=2, ffn=192, audio_d=48, audio_layers=1, audio_heads=4,
+                  audio_ffn=192, dropout=0.1, text_dropout=0.0),
+        steps=1200, lr=2e-3, batch=16, eval_every=300,
+    ),
     "cloud": Recipe(
         # Six thin text layers rather than four wide ones: same training FLOPs, but a generated
         # token's cost on CPU follows the layer count (per-op overhead), which puts the cloud at
@@ -393,6 +400,9 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
                 history.append(ev)
                 emit({"eval": ev})
                 log(progress_table(ev))
+                # Weights at every eval (a few MB, not committed): lets the bundling step pick a
+                # checkpoint without retraining.
+                save_atomic({"step": step, "model": model.state_dict()}, run_dir / f"weights-{step:05d}.pt")
                 save_atomic(state(), state_path)
                 last_save = time.time()
             elif time.time() - last_save > save_every_s:
