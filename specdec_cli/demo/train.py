@@ -373,6 +373,7 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
     batches = epoch_batches(train_set, recipe.batch, recipe.seed, epoch)
     last_save, t0, done_here = time.time(), time.time(), 0
     run_loss = run_nll = 0.0
+    run_n = 0
     model.train()
     try:
         while step < recipe.steps and not stop.requested and (stop_after is None or done_here < stop_after):
@@ -391,10 +392,12 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
             step, pos, done_here = step + 1, pos + 1, done_here + 1
             run_loss += float(loss.detach())
             run_nll += float(nll.detach())
-            if step % 20 == 0:
-                emit({"step": step, "loss": round(run_loss / 20, 4), "nll": round(run_nll / 20, 4),
+            run_n += 1
+            if step % 20 == 0:  # (after a resume the first window is shorter than 20 steps)
+                emit({"step": step, "loss": round(run_loss / run_n, 4), "nll": round(run_nll / run_n, 4),
                       "lr": sched.get_last_lr()[0], "s_per_step": round((time.time() - t0) / done_here, 3)})
                 run_loss = run_nll = 0.0
+                run_n = 0
             if step % recipe.eval_every == 0 or step == recipe.steps:
                 ev = {"step": step, **{k: evaluate_tf(model, v) for k, v in val_sets.items()}}
                 history.append(ev)
