@@ -229,3 +229,26 @@ def test_qwen_splits_descriptions_into_several_tokens(qwen_tokenizer):
     """The corpus exercises multi-token Chinese on Qwen (语/速/较快), single tokens on the demo."""
     pieces = [qwen_tokenizer.decode([i]) for i in qwen_tokenizer.encode("说话人是女声，语速较快，音调偏高。")]
     assert pieces == ["说话", "人", "是", "女", "声", "，", "语", "速", "较快", "，", "音", "调", "偏", "高", "。"]
+
+
+def test_every_demo_target_passes_every_rule():
+    """The v2 demo pair is trained on these targets and decoded under these rules: a target the
+    rules refuse (v2.0's "{gender}，…" opened with 2 characters before a comma) teaches the model
+    an answer it may not write. Teacher-forced as above, on the v2 demo tokenizer."""
+    from specdec_cli.demo.corpus import all_descriptions
+    from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+
+    tok = build_qwen_style_tokenizer()
+    prompt = _encode(tok, render_prompt())
+    zeros = torch.zeros(len(tok))
+    targets = all_descriptions()
+    assert len(targets) >= 800
+    for text in targets:
+        ids = prompt + _encode(tok, text)
+        rules = _rules(tok, prompt)
+        for i in range(len(prompt), len(ids)):
+            assert torch.isfinite(rules.process_ids(ids[:i], zeros)[ids[i]]), (text, tok.decode(ids[len(prompt):i + 1]))
+            assert rules.stops(ids[:i + 1]) is (i == len(ids) - 1), text
+        for k in (2, 4, 6):
+            for start in range(len(prompt), len(ids), k):
+                assert not rules.shows_loop(ids[:start + k], start), (text, k)

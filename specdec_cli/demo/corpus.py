@@ -79,6 +79,9 @@ def bucket_of(n_chars: int) -> str:
 # (gender, emotion), so the first answer token already committed to the emotion and teacher-forced
 # accuracy credited phrases the template had given away. A random template makes every phrase a
 # decision the model must take from the audio; the first tokens are then an honest coin flip.
+# Every template passes the decoding rules it will be decoded under (tests/test_demo_targets.py):
+# a v2.0 template opened with "{gender}，" (2 characters before a comma, which the punctuation gate
+# refuses), so the model was trained on an answer the rules would not let it write.
 TEMPLATES: tuple[str, ...] = (
     "说话人是{gender}，{rate}，{pitch}，{volume}，{pauses}，整体{emotion}。",
     "这是一位{gender}，{pitch}，{rate}，{pauses}，{volume}，听起来{emotion}。",
@@ -87,7 +90,7 @@ TEMPLATES: tuple[str, ...] = (
     "录音里的说话人是{gender}，{pitch}，{volume}，{rate}，并且{pauses}，{emotion}。",
     "说话人为{gender}，{rate}而且{pitch}，{volume}，{pauses}，整体上{emotion}。",
     "这段话由{gender}说出，{volume}，{pitch}，{rate}，{pauses}，听起来{emotion}。",
-    "{gender}，{rate}，{pitch}，{volume}，{pauses}，说话者{emotion}。",
+    "这位说话者是{gender}，{rate}，{pitch}，{volume}，{pauses}，{emotion}。",
 )
 
 
