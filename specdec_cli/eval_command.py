@@ -108,11 +108,15 @@ def eval_command(
 
         plots.require_matplotlib()  # fail now, not after an hour of decoding, if matplotlib is missing
 
-    from .models import load_pair  # torch + transformers: only once the cheap checks passed
+    # torch + transformers: only once the cheap checks passed
+    from .models import load_pair, one_thread_if_tiny
     from .pipeline import Describer
 
     with err.status("loading models…"):
         pair = load_pair(edge, cloud, device, dtype)
+    # As describe and calibrate do: the tiny demo pair on two threads was 5-40x slower per clip on
+    # this busy 2-core machine (latency 1.7-5 s per clip against ~0.05 s on one thread).
+    one_thread_if_tiny(pair)
     eval_modes = evaluate.mode_configs(mode_names, [pair.presets_file, presets_file], max_new_tokens, k, thresholds)
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
