@@ -118,8 +118,9 @@ def expected_tokens_per_block(alpha: float, k: int) -> float:
 def rules_masks() -> tuple[VocabMasks, list[int]]:
     """Masks for a vocabulary of no text (no sentence ends, no content) and an end-of-turn id the
     models never pick (its output row is zero, see make_pair): only max_new_tokens stops, so every
-    run makes exactly NEW_TOKENS tokens."""
-    return VocabMasks.from_texts([], VOCAB), [VOCAB - 1]
+    run makes exactly NEW_TOKENS tokens. Every row is a (textless) token: with no tokens at all,
+    every row would be past the tokenizer, and those rows are banned even with the rules off."""
+    return VocabMasks.from_texts([""] * VOCAB, VOCAB), [VOCAB - 1]
 
 
 def cpu_and_wall(fn: Callable[[], Any]) -> tuple[Any, float, float]:
