@@ -32,17 +32,11 @@ from transformers import PreTrainedTokenizerFast
 
 from ..phrases import ALL_PHRASES
 from ..prompt import CHAT_TEMPLATE, INSTRUCTION, SYSTEM, render_prompt
+from ..qwen_vocab import OMNI_NAMED_TOKENS
 
-# Name on the tokenizer -> token text, as Qwen2.5-Omni's tokenizer registers them.
-OMNI_SPECIAL = {
-    "audio_token": "<|AUDIO|>",
-    "audio_bos_token": "<|audio_bos|>",
-    "audio_eos_token": "<|audio_eos|>",
-    "image_token": "<|IMAGE|>",
-    "video_token": "<|VIDEO|>",
-    "vision_bos_token": "<|vision_bos|>",
-    "vision_eos_token": "<|vision_eos|>",
-}
+# Name on the tokenizer -> token text, as Qwen2.5-Omni's tokenizer registers them (one copy, with
+# the real tokenizer's other facts).
+OMNI_SPECIAL = OMNI_NAMED_TOKENS
 PAD, IM_START, IM_END, UNK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>"
 SPECIALS = [PAD, IM_START, IM_END, UNK, *OMNI_SPECIAL.values()]
 
