@@ -49,7 +49,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.decoding import DecodingConfig, generate_baseline, speculative_decode  # noqa: E402
-from specdec_cli.decoding.acceptance import Verdict  # noqa: E402
+from specdec_cli.decoding.acceptance import Verdict, first_argmax  # noqa: E402
 from specdec_cli.decoding.processors import VocabMasks  # noqa: E402
 from specdec_cli.decoding.state import ModelState  # noqa: E402
 
@@ -100,13 +100,13 @@ class SyntheticAcceptance:
         self.alpha = alpha
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, draft: list[int], target_scores: torch.Tensor) -> Verdict:
-        choice = target_scores.argmax(dim=-1).tolist()
+    def __call__(self, draft: list[int], target_scores) -> Verdict:
+        # Rows are read as the greedy rule reads them: up to the first rejection only.
         u = torch.rand(len(draft), generator=self.generator).tolist()
         for j, x in enumerate(u):
             if x >= self.alpha:
-                return Verdict(j, choice[j], "recovered")
-        return Verdict(len(draft), choice[-1], "bonus")
+                return Verdict(j, first_argmax(target_scores[j]), "recovered")
+        return Verdict(len(draft), first_argmax(target_scores[len(draft)]), "bonus")
 
 
 def expected_tokens_per_block(alpha: float, k: int) -> float:

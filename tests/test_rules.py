@@ -175,6 +175,37 @@ def test_fast_path_equals_the_processors_one_by_one(setup, temperature):
         assert token == int(torch.argmax(chain[0])) and h == pytest.approx(entropy(chain[0]), abs=1e-3)
 
 
+def test_verification_rows_are_processed_only_up_to_the_first_rejection(setup):
+    """The verifier's lazy rows equal `process_block`'s bit for bit, and the greedy verdict reads
+    (so the rules process) rows up to the first disagreement only: one row for a draft rejected at
+    its first token, all k+1 for a draft accepted whole (the bonus row)."""
+    import torch
+
+    from specdec_cli.decoding.acceptance import greedy_verdict
+    from specdec_cli.decoding.verifier import TargetScores
+
+    tok, width, _, _, eos, _ = setup
+    rules = DecodingRules.build(CFG, VocabMasks.for_tokenizer(tok, width), prompt_len=2, eos_ids=[eos])
+    answer = tok.encode("说话人是女声，语速较快，音调偏高", add_special_tokens=False)
+    prompt, draft = answer[:2], answer[2:7]
+    torch.manual_seed(1)
+    rows = torch.randn(len(draft) + 1, width)
+    block = rules.process_block(prompt, draft, rows)
+    lazy = TargetScores(rules, prompt, draft, rows)
+    assert all(torch.equal(lazy[j], block[j]) for j in reversed(range(len(draft) + 1)))
+    assert torch.equal(lazy.dense(), block)
+
+    agree = rows.clone()  # the target agrees with draft[:2], then prefers another token
+    for j, t in enumerate(draft[:2]):
+        agree[j, t] = 100.0
+    for wanted, accepted in ((agree, 2), (rows, None)):
+        lazy = TargetScores(rules, prompt, draft, wanted)
+        verdict = greedy_verdict(draft, lazy)
+        expected = greedy_verdict(draft, rules.process_block(prompt, draft, wanted))
+        assert verdict == expected and (accepted is None or verdict.accepted == accepted)
+        assert lazy.processed_rows == verdict.accepted + 1
+
+
 def test_repetition_penalty_on_qwen_tokens(qwen_tokenizer):
     """What the penalty does to legitimately repeated characters: on Qwen 音调 is 音/调, so after
     it the single-character token 音 is in the history and 音量 / 音色 pay the penalty on their

@@ -12,7 +12,7 @@ exact over the union, so the narrower distribution is zero-padded to the wider o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -24,8 +24,8 @@ class Verdict:
     kind: Literal["recovered", "bonus"]
 
 
-def first_argmax(scores: torch.Tensor) -> list[int]:
-    """Per row, the index of the first maximum: what HF greedy search's torch.argmax returns (first
+def first_argmax(scores: torch.Tensor) -> Any:
+    """Per row (a list; an int for one 1-D row), the index of the first maximum: what HF greedy search's torch.argmax returns (first
     occurrence on ties, NaN counted as the maximum), computed by NumPy for CPU float rows, where it is
     ~15x faster at V≈152k (torch's CPU argmax: ~0.35 ms per row on one thread, NumPy's ~0.02 ms)."""
     if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
@@ -33,16 +33,25 @@ def first_argmax(scores: torch.Tensor) -> list[int]:
     return scores.argmax(dim=-1).tolist()
 
 
-def greedy_verdict(draft: list[int], target_scores: torch.Tensor) -> Verdict:
+# k+1 rows of scores or probabilities: a [k+1, V] tensor, or anything indexable by row with a
+# length (verifier.TargetScores processes a row when it is first read).
+Rows = Any
+
+
+def greedy_verdict(draft: list[int], target_scores: Rows) -> Verdict:
     """Keep the longest prefix the target's argmax agrees with.
-    target_scores: [k+1, V], row j scoring the position of draft[j] (row k: the bonus position)."""
+    target_scores: k+1 rows ([k+1, V] tensor or verifier.TargetScores), row j scoring the position
+    of draft[j] (row k: the bonus position). Rows after the first disagreement are never read (a
+    TargetScores then never processes them)."""
     k = len(draft)
-    assert target_scores.shape[0] == k + 1
-    choice = first_argmax(target_scores)
-    for j in range(k):
-        if choice[j] != draft[j]:
-            return Verdict(j, choice[j], "recovered")
-    return Verdict(k, choice[k], "bonus")
+    assert len(target_scores) == k + 1
+    for j in range(k + 1):
+        choice = first_argmax(target_scores[j])
+        if j == k:
+            return Verdict(k, choice, "bonus")
+        if choice != draft[j]:
+            return Verdict(j, choice, "recovered")
+    raise AssertionError("unreachable")
 
 
 def pad_to(probs: torch.Tensor, width: int) -> torch.Tensor:
@@ -55,7 +64,7 @@ def pad_to(probs: torch.Tensor, width: int) -> torch.Tensor:
 def rejection_verdict(
     draft: list[int],
     draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
+    target_probs: Rows,
     generator: torch.Generator,
 ) -> Verdict:
     """Standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft[j]
@@ -66,19 +75,18 @@ def rejection_verdict(
     so a draft token the target lacks is always rejected (p_target = 0) and a target token the
     draft lacks is reached through the residual (p_draft = 0 there)."""
     k = len(draft)
-    assert draft_probs.shape[0] == k and target_probs.shape[0] == k + 1
-    width = max(draft_probs.shape[-1], target_probs.shape[-1])
-    draft_probs, target_probs = pad_to(draft_probs, width), pad_to(target_probs, width)
-    idx = torch.tensor(draft)
-    p_t = target_probs[torch.arange(k), idx]
-    p_d = draft_probs[torch.arange(k), idx]
-    u = torch.rand(k, generator=generator)
+    assert draft_probs.shape[0] == k and len(target_probs) == k + 1
+    width = max(draft_probs.shape[-1], target_probs[0].shape[-1])
+    draft_probs = pad_to(draft_probs, width)
+    u = torch.rand(k, generator=generator)  # drawn up front: the stream does not depend on laziness
     for j in range(k):
-        if u[j] * p_d[j] > p_t[j]:  # reject, i.e. not (u < p_t / p_d), written without dividing
-            residual = (target_probs[j] - draft_probs[j]).clamp(min=0)
+        target = pad_to(target_probs[j], width)  # rows after the first rejection are never read
+        p_t, p_d = target[draft[j]], draft_probs[j, draft[j]]
+        if u[j] * p_d > p_t:  # reject, i.e. not (u < p_t / p_d), written without dividing
+            residual = (target - draft_probs[j]).clamp(min=0)
             total = residual.sum()
             # A zero residual happens only when p_t == p_d, where rejection has probability 0;
             # guard against rounding anyway by falling back to the target.
-            dist = residual / total if total > 0 else target_probs[j]
+            dist = residual / total if total > 0 else target
             return Verdict(j, int(torch.multinomial(dist, 1, generator=generator)), "recovered")
-    return Verdict(k, int(torch.multinomial(target_probs[k], 1, generator=generator)), "bonus")
+    return Verdict(k, int(torch.multinomial(pad_to(target_probs[k], width), 1, generator=generator)), "bonus")

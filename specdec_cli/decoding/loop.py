@@ -26,10 +26,23 @@ from .config import DecodingConfig
 from .drafter import Proposal, propose
 from .processors import DecodingRules, VocabMasks
 from .state import ModelState
-from .verifier import score_draft
+from .verifier import TargetScores, score_draft
 
-# (draft tokens, processed target scores [k+1, V]) -> Verdict: a greedy acceptance rule.
-AcceptanceRule = Callable[[list[int], torch.Tensor], Verdict]
+# (draft tokens, processed target scores: k+1 rows, indexable) -> Verdict: a greedy acceptance rule.
+AcceptanceRule = Callable[[list[int], TargetScores], Verdict]
+
+
+class _Softmaxed:
+    """Row j: softmax of the target's processed row j, computed when the rule first reads it."""
+
+    def __init__(self, scores: TargetScores) -> None:
+        self.scores = scores
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        return torch.softmax(self.scores[j], dim=-1)
 
 
 @dataclass
@@ -170,7 +183,9 @@ def speculative_decode(
         if reason:
             # 4. Verify: one cloud forward over its unseen tokens + the draft, then the rule.
             prefilled = cloud.prefill_tokens
-            target_scores, fed = score_draft(cloud, sequence, proposal.tokens, rules)  # [k+1, V]
+            # k+1 rows; the rules process a row when the verdict first reads it, and a verdict
+            # reads no row past the first rejection.
+            target_scores, fed = score_draft(cloud, sequence, proposal.tokens, rules)
             verdict: Verdict
             if acceptance is not None:
                 verdict = acceptance(proposal.tokens, target_scores)
@@ -178,7 +193,7 @@ def speculative_decode(
                 verdict = greedy_verdict(proposal.tokens, target_scores)
             else:
                 verdict = rejection_verdict(proposal.tokens, proposal.draft_probs,
-                                            torch.softmax(target_scores, dim=-1), generator)
+                                            _Softmaxed(target_scores), generator)
             new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
             event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
             event.cloud_tokens, event.cloud_prefill_tokens = fed, cloud.prefill_tokens - prefilled

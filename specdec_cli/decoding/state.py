@@ -67,6 +67,10 @@ class ModelState:
         self.ids: list[int] = []
         self.cache: DynamicCache | None = None
         self.rope_deltas: torch.Tensor | None = None
+        self._delta = 0  # int(rope_deltas): read once per clip, not per step (a device sync on GPU)
+        # PreTrainedModel.device walks the parameters on every read: read once (the model does
+        # not move during a clip).
+        self.device = model.device
         self.last_logits: torch.Tensor | None = None  # (V,) prediction after ids[-1]; None after a crop
         self.prompt: dict[str, torch.Tensor] | None = None  # this clip's thinker inputs (start())
         self.prompt_ids: list[int] = []
@@ -103,6 +107,8 @@ class ModelState:
         self.prompt = dict(inputs)
         self.prompt_ids = input_ids[0].tolist()
         self.ids, self.cache, self.rope_deltas, self.last_logits = [], None, None, None
+        self._delta = 0
+        self.device = self.model.device
         self.prefill_tokens = self.forwards = self.tokens_fed = self.all_forwards = 0
 
     def prefill(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -126,7 +132,7 @@ class ModelState:
         if not self.started:
             return self._first_forward(tokens, keep)
         past = len(self.ids)
-        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)  # [1, n]
+        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
         logits = self._forward(dict(input_ids=input_ids, position_ids=self._positions(past, n)), keep, n)
         self.ids.extend(tokens)
         self._count(after_prompt=n)
@@ -196,6 +202,7 @@ class ModelState:
                 fmask.sum(-1) if fmask is not None else None, None,
             )
             self.rope_deltas = deltas  # [1, 1]; 0 for audio-only prompts, kept general anyway
+            self._delta = int(deltas.view(-1)[0])
             kwargs["position_ids"] = positions  # [3, 1, P + n]
         logits = self._forward(kwargs, keep, len(tokens))
         self.ids = list(tokens)
@@ -220,11 +227,10 @@ class ModelState:
         self._check()
 
     def _positions(self, past: int, n: int) -> torch.Tensor:
-        pos = torch.arange(past, past + n, device=self.model.device)
         if self._mrope:
-            pos = pos + self.rope_deltas.to(pos.device).view(-1)[0]
+            pos = torch.arange(past + self._delta, past + self._delta + n, device=self.device)
             return pos.view(1, 1, n).expand(3, 1, n)  # [3, 1, n]: temporal, height, width
-        return pos.view(1, n)
+        return torch.arange(past, past + n, device=self.device).view(1, n)
 
     def _check(self) -> None:
         held = self.cache.get_seq_length() if self.cache is not None else 0
