@@ -355,7 +355,12 @@ main()
 
 def kill_when(cmd: list[str], out: Path, lines_at_least: int, sig: signal.Signals) -> subprocess.CompletedProcess:
     """Start a batch and send it `sig` as soon as the results file holds `lines_at_least` lines."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    # SIGINT back to its default in the child: a test run started in the background of a
+    # non-interactive shell (`make test &`, some CI runners) inherits SIGINT *ignored*, and Python
+    # then installs no KeyboardInterrupt handler, so Ctrl-C would be simulated on a process that
+    # cannot receive it (the batch simply finished: rc 0, a clean-clone CI failure).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and proc.poll() is None:
