@@ -56,3 +56,72 @@ def test_single_token_texts_match_tiktoken(qwen_tokenizer, oracle):
     for token_id in rng.sample(range(BPE_SIZE), 2000):
         assert qwen_tokenizer.convert_tokens_to_ids(qwen_tokenizer.convert_ids_to_tokens(token_id)) == token_id
         assert qwen_tokenizer.decode([token_id]) == oracle.decode([token_id])
+
+
+def test_fast_vocabulary_decode_equals_batch_decode(qwen_tokenizer):
+    """The mask build's byte-level shortcut gives every id's text exactly as the tokenizer's own
+    decode does (partial UTF-8 tokens as U+FFFD, added tokens as their content), for all 151,665."""
+    from specdec_cli.decoding.vocab import byte_level_texts
+
+    fast = byte_level_texts(qwen_tokenizer)
+    slow = qwen_tokenizer.batch_decode([[i] for i in range(len(qwen_tokenizer))], skip_special_tokens=False)
+    assert fast is not None and len(fast) == len(slow)
+    assert [i for i, (a, b) in enumerate(zip(fast, slow, strict=True)) if a != b] == []
+    assert sum("\ufffd" in t for t in fast) > 1000  # the partial-UTF-8 tokens are there and compared
+
+
+def _reference_facts(texts: list[str], control: set[int]) -> dict:
+    """TokenFacts computed the plain way: every character of every token through char_kind (the
+    builder before it learnt to skip tokens and classify each distinct character once)."""
+    from specdec_cli.decoding.vocab import NO, char_kind
+
+    out = {"cjk": [], "fffd": [], "punct": [], "first": [], "last": [], "mark_pos": [], "mark_after": [],
+           "mark_gap": [], "end_pos": [], "end_then_text": [], "adjacent": [], "control": []}
+    for i, text in enumerate(texts):
+        row = dict(cjk="", fffd=False, punct=False, first=NO, last=NO, mark_pos=NO, mark_after=NO, mark_gap=1000,
+                   end_pos=NO, end_then_text=False, adjacent=False, control=i in control)
+        if text and i not in control:
+            row["first"], row["last"], row["fffd"] = ord(text[0]), ord(text[-1]), "\ufffd" in text
+            chars, since, marks, prev = [], 0, 0, ""
+            for ch in text:
+                kind = char_kind(ch)
+                if row["end_pos"] != NO and not ch.isspace():
+                    row["end_then_text"] = True
+                if kind == "cjk":
+                    chars.append(ch)
+                    since += 1
+                    row["adjacent"] |= ch == prev
+                elif kind == "mark":
+                    if marks:
+                        row["mark_gap"] = min(row["mark_gap"], since)
+                    else:
+                        row["mark_pos"] = since
+                    marks += 1
+                    since = 0
+                elif kind == "end" and row["end_pos"] == NO:
+                    row["end_pos"] = len(chars)
+                row["punct"] |= kind in ("mark", "end", "neutral")
+                prev = ch
+            if marks:
+                row["mark_after"] = since
+            row["cjk"] = "".join(chars)
+        for key, value in row.items():
+            out[key].append(value)
+    return out
+
+
+def test_token_facts_equal_the_plain_per_character_computation(qwen_tokenizer):
+    """Every fact of every token of the real vocabulary, as the fast builder computes it, equals
+    the plain character-by-character computation."""
+    from specdec_cli.decoding.vocab import TokenFacts, byte_level_texts, control_ids
+
+    texts = byte_level_texts(qwen_tokenizer)
+    control = control_ids(qwen_tokenizer)
+    facts = TokenFacts.from_texts(texts, control)
+    expected = _reference_facts(texts, control)
+    for key, values in expected.items():
+        got = getattr(facts, key)
+        got = list(got) if isinstance(got, list) else got.tolist()
+        bad = [i for i, (a, b) in enumerate(zip(got, values, strict=True)) if a != b]
+        assert bad == [], (key, bad[:5], [texts[i] for i in bad[:5]])
+    assert sum(bool(c) for c in facts.cjk) > 20000 and facts.end_then_text.sum() > 0 and facts.adjacent.sum() > 0
