@@ -126,3 +126,25 @@ def test_greedy_verdict_breaks_ties_and_nans_as_torch_argmax():
             x[0, int(torch.randint(0, v, (1,), generator=g))] = float("nan")
         assert first_argmax(x) == x.argmax(dim=-1).tolist()
         assert first_argmax(x.double()) == first_argmax(x.bfloat16()) == x.argmax(dim=-1).tolist()
+
+
+def test_draw_follows_the_distribution_and_never_draws_zero_mass():
+    """The inverse-CDF sampler: chi-square against the distribution (unnormalised input, zeros at
+    the ends and in the middle), and across a 152k-wide row no zero-probability index is ever drawn
+    (the rows past the tokenizer are zeros in the real pair)."""
+    from specdec_cli.decoding.acceptance import draw
+
+    g = torch.Generator().manual_seed(3)
+    weights = torch.tensor([0.0, 2.0, 0.0, 1.0, 4.0, 0.5, 0.5, 0.0])  # total 8
+    counts = torch.zeros(8)
+    for _ in range(8000):
+        counts[draw(weights, g)] += 1
+    assert counts[weights == 0].sum() == 0
+    nz = weights > 0
+    assert chi2(counts[nz], weights[nz] / weights.sum()) < CHI2_999[4]
+
+    wide = torch.zeros(152064)
+    wide[151000:151665] = torch.rand(665, generator=g)  # mass only below the tokenizer's length
+    wide[5] = 1e-30  # tiny but positive: allowed, never required
+    got = {draw(wide, g) for _ in range(300)}
+    assert all(wide[i] > 0 for i in got) and max(got) < 151665

@@ -9,6 +9,7 @@ from test_acceptance import CHI2_999, chi2
 from toy import TableLM
 
 from specdec_cli.decoding import DecodingConfig, VocabMasks, speculative_decode
+from specdec_cli.decoding.acceptance import draw
 from specdec_cli.decoding.drafter import propose
 from specdec_cli.decoding.processors import DecodingRules
 from specdec_cli.decoding.state import ModelState
@@ -59,7 +60,7 @@ def test_draft_probs_are_what_the_draft_was_sampled_from(edge, processor, masks,
         expected = torch.softmax(rules.process(torch.tensor([seq + prop.tokens[:i]]), rows[i]), dim=-1)
         assert torch.allclose(prop.draft_probs[i], expected, atol=1e-5)
         # the same generator stream, drawing from those probabilities, gives the same token
-        assert int(torch.multinomial(expected, 1, generator=replay)) == token
+        assert draw(expected, replay) == token
 
 
 def test_spec_sampling_across_vocabulary_widths_follows_the_cloud():

@@ -54,6 +54,20 @@ def greedy_verdict(draft: list[int], target_scores: Rows) -> Verdict:
     raise AssertionError("unreachable")
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One index drawn from the 1-D distribution `probs` (non-negative, any positive total), by the
+    inverse CDF: the first index whose cumulative sum exceeds u · total, u ~ U[0, 1) from
+    `generator`. Exact up to float64 rounding, and an index with probability 0 is never drawn (its
+    interval is empty). Hand-written because torch.multinomial costs ~3.5 ms per draw at V≈152k on
+    one CPU thread (this: ~0.2 ms), and a sampled block draws up to k+1 times."""
+    cdf = torch.cumsum(probs, 0, dtype=torch.float64)
+    u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
+    i = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
+    if i >= probs.shape[0]:  # u rounded up to the total: the last index with mass
+        i = int(torch.nonzero(probs > 0)[-1])
+    return i
+
+
 def pad_to(probs: torch.Tensor, width: int) -> torch.Tensor:
     """`probs` [..., V] zero-padded on the right to [..., width] (unchanged when V >= width): the
     rows a model lacks are tokens it can never produce."""
@@ -86,7 +100,7 @@ def rejection_verdict(
             residual = (target - draft_probs[j]).clamp(min=0)
             total = residual.sum()
             # A zero residual happens only when p_t == p_d, where rejection has probability 0;
-            # guard against rounding anyway by falling back to the target.
-            dist = residual / total if total > 0 else target
-            return Verdict(j, int(torch.multinomial(dist, 1, generator=generator)), "recovered")
-    return Verdict(k, int(torch.multinomial(pad_to(target_probs[k], width), 1, generator=generator)), "bonus")
+            # guard against rounding anyway by falling back to the target. (draw normalises.)
+            dist = residual if total > 0 else target
+            return Verdict(j, draw(dist, generator), "recovered")
+    return Verdict(k, draw(target_probs[k], generator), "bonus")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .acceptance import draw
 from .processors import DecodingRules
 from .state import ModelState
 
@@ -47,7 +48,7 @@ def pick(scores: torch.Tensor, generator: torch.Generator | None,
     if generator is None:
         token = best
     else:
-        token = int(torch.multinomial(probs, 1, generator=generator))
+        token = draw(probs, generator)
     for ids in banned:
         x[ids] = 0.0
     mean = float(np.dot(p, x))
