@@ -321,10 +321,12 @@ class _Stop:
 
 
 def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, *, save_every_s: float = 300.0,
-          stop_after: int | None = None, log=print) -> dict:
+          stop_after: int | None = None, log=print, threads: int = 1) -> dict:
     """Train (or resume) `name` into `run_dir`. `stop_after`: leave after this many steps of this
-    invocation (a pause, as a signal would; used by the tests). Returns the final state dict."""
-    torch.set_num_threads(1)
+    invocation (a pause, as a signal would; used by the tests). `threads`: torch threads (1 when
+    another job shares the cores; a resume may use another count: the numbers then differ in
+    rounding only). Returns the final state dict."""
+    torch.set_num_threads(threads)
     tok = build_qwen_style_tokenizer()
     spans = AttributeSpans(tok)
     train_set = Corpus("train", tok, spans, corpus_root)
@@ -490,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--progress", action="store_true", help="print the held-out table of the latest checkpoint")
     ap.add_argument("--save-every", type=float, default=300.0, help="seconds between checkpoints")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 2 when it has the machine)")
     ap.add_argument("--export", type=Path, default=None, metavar="DIR",
                     help="write the latest checkpoint as a model folder (processor + weights) and exit")
     args = ap.parse_args(argv)
@@ -501,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         print(progress(args.model, run_dir, args.corpus))
         return
     st = train(args.model, RECIPES[args.model], run_dir, args.corpus, save_every_s=args.save_every,
-               log=lambda s: print(s, flush=True))
+               log=lambda s: print(s, flush=True), threads=args.threads)
     print(json.dumps({"model": args.model, "step": st["step"], "params": st["params"]}), flush=True)
 
 
