@@ -173,6 +173,13 @@ def test_fast_path_equals_the_processors_one_by_one(setup, temperature):
         assert torch.equal(fast, chain[0]) and torch.equal(block[j], chain[0])
         token, h, _ = pick(fast.clone(), None, rules.banned_parts(ids, width))
         assert token == int(torch.argmax(chain[0])) and h == pytest.approx(entropy(chain[0]), abs=1e-3)
+        changed = rules.changed_ids(ids, width)
+        assert (changed is None) == (temperature != 1.0)
+        if changed is not None:  # the entropy from the raw logits plus the penalty's correction
+            before = fast.clone()
+            token2, h2, _ = pick(fast, None, (), raw=rows[j], changed=changed)
+            assert token2 == token and h2 == pytest.approx(h, abs=1e-5)
+            assert torch.equal(fast, before)  # the row is read, never written
 
 
 def test_verification_rows_are_processed_only_up_to_the_first_rejection(setup):

@@ -484,6 +484,19 @@ class DecodingRules:
         """`banned` as two arrays, not concatenated (the drafter's entropy reads them)."""
         return self._bans(self.tracker.state(ids[self.prompt_len:]), width)
 
+    def changed_ids(self, ids: Sequence[int], width: int) -> np.ndarray | None:
+        """Ids where the processed row after `ids` may differ from the raw logits other than by a
+        ban (-inf): the repetition penalty's history. None when another processor (temperature)
+        rescales the whole row. The drafter's entropy reads it (drafter.pick)."""
+        if not self._fast or self._hf:
+            return None
+        if self._penalty is None or self._penalty.penalty == 1.0:
+            return _EMPTY
+        state = self.tracker.state(ids[self.prompt_len:])
+        if not state.content:
+            return _EMPTY
+        return _below(self._penalty._ids(state), width, self.tracker.index.n_text)
+
     def _apply(self, ids: Sequence[int], row: torch.Tensor) -> torch.Tensor:
         state = self.tracker.state(ids[self.prompt_len:])
         if not self._fast:
