@@ -53,13 +53,19 @@ from specdec_cli.decoding.acceptance import Verdict, first_argmax  # noqa: E402
 from specdec_cli.decoding.processors import VocabMasks  # noqa: E402
 from specdec_cli.decoding.state import ModelState  # noqa: E402
 
-# 45 new tokens: whole blocks for k = 2, 4 and 8 at α = 1 (a partial last block is cheaper anyway).
-HIDDEN, VOCAB, PROMPT, NEW_TOKENS = 512, 1024, 16, 45
+HIDDEN, VOCAB, PROMPT = 512, 1024, 16
+# About 100 new tokens per run, a whole number of (k + 1)-token blocks for each k (99, 100, 98, 99):
+# the formula is a steady-state rate, and a run also pays fixed costs it leaves out (the edge's
+# prefill, the prompt riding in the lazy prefill's first verification, a partial last block at
+# α = 1). At 45 tokens those were up to ~15 % of a run; twice the tokens halves their share, and
+# whole blocks remove the partial one. Cloud-only runs the same count for each k.
+NEW_TOKENS_PER_K = {2: 99, 4: 100, 6: 98, 8: 99}
 EDGE_LAYERS = 1
 EXTRA_LAYERS = (2, 7, 13)         # cloud depth 3, 8, 14 -> c ≈ 2 … 10 (measured, not assumed)
-KS = (2, 4, 6, 8)
+KS = tuple(NEW_TOKENS_PER_K)
+KS_TOKENS = tuple(NEW_TOKENS_PER_K.values())
 ALPHAS = (1.0, 0.8, 0.6)          # 1.0: the real greedy rule on identical distributions
-REPEATS = 2                       # wall-time runs per cell (median); cloud-only: median over the pair
+REPEATS = 3                       # runs per cell (median); cloud-only: median of its runs for that k
 
 
 # -- the pair ----------------------------------------------------------------------------------------
@@ -118,7 +124,7 @@ def expected_tokens_per_block(alpha: float, k: int) -> float:
 def rules_masks() -> tuple[VocabMasks, list[int]]:
     """Masks for a vocabulary of no text (no sentence ends, no content) and an end-of-turn id the
     models never pick (its output row is zero, see make_pair): only max_new_tokens stops, so every
-    run makes exactly NEW_TOKENS tokens. Every row is a (textless) token: with no tokens at all,
+    run makes exactly the tokens it asks for. Every row is a (textless) token: with no tokens at all,
     every row would be past the tokenizer, and those rows are banned even with the rules off."""
     return VocabMasks.from_texts([""] * VOCAB, VOCAB), [VOCAB - 1]
 
@@ -164,44 +170,47 @@ def run_cells(progress: Callable[[str], None] = lambda _: None) -> list[dict[str
     masks, eos_ids = rules_masks()
     prompt_ids = torch.randint(100, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     prompt = {"input_ids": prompt_ids, "attention_mask": torch.ones_like(prompt_ids)}
-    base = DecodingConfig(constraints=False, max_new_tokens=NEW_TOKENS, verify="always")
+    base = DecodingConfig(constraints=False, verify="always")
     cells: list[dict[str, Any]] = []
     for extra in EXTRA_LAYERS:
         edge, cloud = make_pair(extra)
-        context = PROMPT + NEW_TOKENS // 2  # a typical cache length during the run
+        context = PROMPT + max(KS_TOKENS) // 2  # a typical cache length during the run
         t_edge1 = step_time(edge, prompt, 1, context)
         t_cloud = {n: step_time(cloud, prompt, n, context) for n in (1, *(k + 1 for k in KS))}
         cost_ratio = t_cloud[1] / t_edge1
         progress(f"c = {cost_ratio:.2f} (cloud depth {EDGE_LAYERS + extra})")
 
-        def cloud_only(cloud: torch.nn.Module = cloud) -> tuple[float, float, float]:
-            """(engine CPU s, generate CPU s, generate wall s); both give the same tokens."""
-            mine, cpu_engine, _ = cpu_and_wall(partial(greedy_cloud_only, cloud, prompt, NEW_TOKENS))
-            out, cpu, wall = cpu_and_wall(partial(generate_baseline, cloud, prompt, base.with_(mode="cloud"),
-                                                  masks, eos_ids))
-            assert out.tokens == mine and len(mine) == NEW_TOKENS
+        def cloud_only(n: int, cloud: torch.nn.Module = cloud) -> tuple[float, float, float]:
+            """(engine CPU s, generate CPU s, generate wall s) for n tokens; both give the same tokens."""
+            mine, cpu_engine, _ = cpu_and_wall(partial(greedy_cloud_only, cloud, prompt, n))
+            out, cpu, wall = cpu_and_wall(partial(generate_baseline, cloud, prompt,
+                                                  base.with_(mode="cloud", max_new_tokens=n), masks, eos_ids))
+            assert out.tokens == mine and len(mine) == n
             return cpu_engine, cpu, wall
 
-        cloud_only()  # warm-up
+        cloud_only(KS_TOKENS[0])  # warm-up
         rows: list[dict[str, Any]] = []
-        base_runs: list[tuple[float, float, float]] = []
+        base_runs: dict[int, list[tuple[float, float, float]]] = {k: [] for k in KS}
         for k in KS:
+            n = NEW_TOKENS_PER_K[k]
             for rep in range(REPEATS):
-                # Cloud-only does not depend on k or α: one run per (k, repeat), interleaved with
-                # the spec runs so a load spike on this busy machine hits both alike.
-                base_runs.append(cloud_only())
+                # Cloud-only does not depend on α: one run per (k, repeat), interleaved with the
+                # spec runs so a load spike on this busy machine hits both alike.
+                base_runs[k].append(cloud_only(n))
                 for alpha in ALPHAS:
                     rule = None if alpha >= 1.0 else SyntheticAcceptance(alpha, seed=1000 * k + rep)
-                    res, cpu, wall = cpu_and_wall(partial(speculative_decode, edge, cloud, prompt, base.with_(k=k),
-                                                          masks, eos_ids, acceptance=rule))
-                    assert len(res.tokens) == NEW_TOKENS
+                    res, cpu, wall = cpu_and_wall(partial(speculative_decode, edge, cloud, prompt,
+                                                          base.with_(k=k, max_new_tokens=n), masks, eos_ids,
+                                                          acceptance=rule))
+                    assert len(res.tokens) == n
                     rows.append({"k": k, "alpha": alpha, "cpu": cpu, "wall": wall, "acc": res.stats.verified_accepted,
                                  "drafted": res.stats.verified_drafted,
                                  "rejected": sum(e.correction_kind == "recovered" for e in res.events)})
-        cloud_cpu = statistics.median(r[0] for r in base_runs)
-        generate_cpu = statistics.median(r[1] for r in base_runs)
-        generate_wall = statistics.median(r[2] for r in base_runs)
         for k in KS:
+            n = NEW_TOKENS_PER_K[k]
+            cloud_cpu = statistics.median(r[0] for r in base_runs[k])
+            generate_cpu = statistics.median(r[1] for r in base_runs[k])
+            generate_wall = statistics.median(r[2] for r in base_runs[k])
             for alpha in ALPHAS:
                 mine = [r for r in rows if r["k"] == k and r["alpha"] == alpha]
                 spec_cpu = statistics.median(r["cpu"] for r in mine)
@@ -223,12 +232,12 @@ def run_cells(progress: Callable[[str], None] = lambda _: None) -> list[dict[str
                     "acceptance_per_token_observed": round(alpha_hat, 3),
                     "speedup_predicted_nominal": round(expected_tokens_per_block(alpha, k) * step, 3),
                     "accepted_over_drafted": round(acc / drafted, 3) if drafted else None,
-                    "cloud_layers": EDGE_LAYERS + extra,
+                    "new_tokens": n, "cloud_layers": EDGE_LAYERS + extra,
                     "t_edge_1_ms": round(1000 * t_edge1, 3), "t_cloud_1_ms": round(1000 * t_cloud[1], 3),
                     "t_cloud_k1_ms": round(1000 * t_cloud[k + 1], 3),
-                    "cloud_only_cpu_ms_per_token": round(1000 * cloud_cpu / NEW_TOKENS, 3),
-                    "generate_cpu_ms_per_token": round(1000 * generate_cpu / NEW_TOKENS, 3),
-                    "spec_cpu_ms_per_token": round(1000 * spec_cpu / NEW_TOKENS, 3),
+                    "cloud_only_cpu_ms_per_token": round(1000 * cloud_cpu / n, 3),
+                    "generate_cpu_ms_per_token": round(1000 * generate_cpu / n, 3),
+                    "spec_cpu_ms_per_token": round(1000 * spec_cpu / n, 3),
                 })
     return cells
 
@@ -323,7 +332,7 @@ def synthetic_section(progress=lambda _: None) -> dict[str, Any]:
             "clock": "process CPU time; speedup_vs_generate_wall is wall time, for reference",
             "baseline": "speedup_measured: cloud-only greedy through ModelState (like the T(n)); "
                         "speedup_vs_generate: cloud-only HF generate (specdec --mode cloud)",
-            "settings": {"hidden": HIDDEN, "vocab": VOCAB, "prompt_tokens": PROMPT, "new_tokens": NEW_TOKENS,
+            "settings": {"hidden": HIDDEN, "vocab": VOCAB, "prompt_tokens": PROMPT, "new_tokens": NEW_TOKENS_PER_K,
                          "edge_layers": EDGE_LAYERS, "cloud_layers": [EDGE_LAYERS + x for x in EXTRA_LAYERS],
                          "repeats": REPEATS, "verify": "always", "constraints": False,
                          "torch_threads": torch.get_num_threads()},
