@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,23 @@ def test_demo_presets_are_calibrated_in_the_model_folder():
     assert path is not None and path.parent.name == "edge"
     fluent, quality = resolve("fluent", path), resolve("quality", path)
     assert fluent.source == quality.source and fluent.source.endswith("edge/specdec_presets.toml")
-    # written by `specdec calibrate` (make presets); fluent escalates no more often than quality
-    assert path.read_text(encoding="utf-8").startswith("# Presets written by `specdec calibrate`")
-    assert fluent.values["k"] >= quality.values["k"] and fluent.values["threshold"] >= quality.values["threshold"]
+    # written by `specdec calibrate` (make presets)
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# Presets written by `specdec calibrate`")
+    # fluent is the cheapest setting within 3 points, quality within 1: on the half they were chosen
+    # on, fluent costs no more cloud calls per token (k and threshold are picked per preset, so
+    # neither need be ordered on its own)
+    measured = calibration_half(text)
+    assert measured["fluent"][1] <= measured["quality"][1]
+
+
+def calibration_half(text: str) -> dict[str, tuple[float, float]]:
+    """preset -> (quality, cloud calls per token) on the calibration half, from the comments
+    `specdec calibrate` writes under each preset."""
+    out, section = {}, None
+    for line in text.splitlines():
+        if m := re.match(r"\[(\w+)\]", line):
+            section = m.group(1)
+        elif section and (m := re.match(r"# calibration half: quality ([\d.]+), cloud calls per token ([\d.]+)", line)):
+            out[section] = (float(m.group(1)), float(m.group(2)))
+    return out
