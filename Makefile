@@ -33,12 +33,12 @@ lint: install
 bench: install
 	$(BIN)/python bench/run.py --json
 
-# The demo pair's shipped presets, calibrated on 48 held-out demo clips (needs espeak-ng; ~6 min on
-# 2 busy cores). Rerun after a change to the decoding rules or the demo models.
+# The demo pair's shipped presets, calibrated on 96 held-out demo clips, 48 to choose and 48 to check
+# (needs espeak-ng). Rerun after a change to the decoding rules or the demo models.
 HELDOUT ?= .demo-work/heldout
 presets:  # after `make install`
-	$(BIN)/python -m specdec_cli.demo.heldout $(HELDOUT) --clips 48
-	$(BIN)/specdec calibrate $(HELDOUT) --labels $(HELDOUT)/labels.jsonl \
+	$(BIN)/python -m specdec_cli.demo.heldout $(HELDOUT) --clips 96
+	$(BIN)/specdec calibrate $(HELDOUT) --labels $(HELDOUT)/labels.jsonl --ks 4,6,8 \
 		--out specdec_cli/demo/models/edge/specdec_presets.toml
 	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
