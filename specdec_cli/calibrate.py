@@ -5,7 +5,7 @@ What it runs, on every clip: cloud-only, edge-only, and a threshold × k sweep o
 mode. The thresholds are read off the edge itself: for each k, the percentiles of the block
 uncertainties the edge produces on the calibration clips (a never-escalating run, threshold = inf,
 which is also the sweep's cheapest point). That makes the grid fit any pair's scale: a 152k-token
-Qwen vocabulary sums to several nats per block, the 150-token demo vocabulary to a fraction of one.
+Qwen vocabulary sums to several nats per block, the demo pair's 443-token vocabulary to about one.
 
 Clips are split into alternating halves (1st, 3rd, … calibrate; 2nd, 4th, … check). The presets are
 chosen on the calibration half only, as the cheapest setting (fewest cloud calls per output token)
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from .pipeline import Describer
 
-PERCENTILES = (10, 25, 40, 50, 60, 75, 90)
+PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles refines it
 
 
 # -- scoring ---------------------------------------------------------------------------------------
@@ -99,14 +99,14 @@ def score_run(run: Run, idx: Sequence[int], quality_of: Callable[[int, str], flo
     return Score(quality, calls / tokens if tokens else 0.0)
 
 
-def thresholds_for(uncertainties: Sequence[float]) -> list[float]:
+def thresholds_for(uncertainties: Sequence[float], percentiles: Sequence[float] = PERCENTILES) -> list[float]:
     """The sweep's thresholds for one k: 0 (nearly every block to the cloud), the percentiles of
     the edge's own block uncertainties, rounded to 3 significant digits, and inf (never)."""
     import numpy as np
 
     values = {0.0, math.inf}
     if uncertainties:
-        for p in np.percentile(np.asarray(uncertainties, dtype=float), PERCENTILES):
+        for p in np.percentile(np.asarray(uncertainties, dtype=float), list(percentiles)):
             values.add(float(f"{float(p):.3g}"))
     return sorted(values)
 
@@ -182,6 +182,18 @@ def _parse_ks(text: str) -> list[int]:
     return ks
 
 
+def _parse_percentiles(text: str) -> list[float]:
+    try:
+        ps = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"bad --percentiles {text!r}; give numbers between 0 and 100 as a comma list, "
+                         "e.g. 10,25,50,75,90") from None
+    if not ps or ps[0] <= 0 or ps[-1] >= 100:
+        raise InputError(f"bad --percentiles {text!r}; each must lie strictly between 0 and 100 "
+                         "(0 and inf are always in the sweep)")
+    return ps
+
+
 def _decode(describer: Describer, audio: np.ndarray, run: Run) -> None:
     out = describer.run(audio, run.cfg)
     run.texts.append(out.text)
@@ -203,6 +215,10 @@ def calibrate_command(
     fluent_points: Annotated[float, typer.Option(
         min=0, help="fluent = the cheapest setting within this many points of cloud-only.")] = 3.0,
     ks: Annotated[str, typer.Option("--ks", help="Block lengths to sweep (comma list).")] = "4,6",
+    percentiles: Annotated[str, typer.Option(
+        help="Thresholds to sweep per k, as percentiles of the edge's block uncertainties (comma list; "
+             "0 and inf are always added). More points find cheaper settings at more decodes.")
+    ] = ",".join(map(str, PERCENTILES)),
     uncertainty: Annotated[str, typer.Option(help="Block uncertainty: sum, max or mean.")] = "sum",
     limit: Annotated[int | None, typer.Option(min=2, help="Only the first N clips.", show_default=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per description.")] = 64,
@@ -218,6 +234,7 @@ def calibrate_command(
     err = Console(stderr=True, highlight=False)
     # Every cheap check before any model loads.
     k_values = _parse_ks(ks)
+    grid_ps = _parse_percentiles(percentiles)
     if uncertainty not in ("sum", "max", "mean"):
         raise InputError(f"bad --uncertainty {uncertainty!r}; use sum, max or mean")
     if out.suffix == ".md" or out.is_dir():
@@ -252,7 +269,7 @@ def calibrate_command(
     runs: list[Run] = []
     with progress:
         # The total grows once the thresholds are known; this first estimate counts the fixed runs.
-        total = len(paths) * (2 + len(k_values) * (len(PERCENTILES) + 2))
+        total = len(paths) * (2 + len(k_values) * (len(grid_ps) + 2))
         task = progress.add_task("calibrating", total=total)
 
         def run_all(run: Run) -> Run:
@@ -269,8 +286,8 @@ def calibrate_command(
         for k in k_values:
             never = run_all(Run(f"k={k} t=inf", base.with_(k=k, threshold=math.inf)))
             sweep.append(never)
-            grid = thresholds_for([u for i in calib for u in never.uncertainties[i]])
-            progress.update(task, total=progress.tasks[0].total - (len(PERCENTILES) + 2 - len(grid)) * len(paths))
+            grid = thresholds_for([u for i in calib for u in never.uncertainties[i]], grid_ps)
+            progress.update(task, total=progress.tasks[0].total - (len(grid_ps) + 2 - len(grid)) * len(paths))
             for t in grid:
                 if not math.isinf(t):
                     sweep.append(run_all(Run(f"k={k} t={t:g}", base.with_(k=k, threshold=t))))
@@ -307,7 +324,7 @@ def calibrate_command(
               f"{len(check)} check: 2nd, 4th, ...)",
               f"quality measure: {measure}",
               f"sweep: k in {k_values}, thresholds = 0, the edge's block-uncertainty percentiles "
-              f"{list(PERCENTILES)} ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
+              f"[{', '.join(f'{p:g}' for p in grid_ps)}] ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
               f"chosen on the calibration half; {len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
     text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
     try:

@@ -51,6 +51,8 @@ def test_thresholds_span_never_to_always_around_the_edges_percentiles():
     assert grid[0] == 0.0 and math.isinf(grid[-1]) and grid == sorted(grid)
     assert 5.5 in grid and all(1 <= t <= 10 for t in grid[1:-1])
     assert thresholds_for([]) == [0.0, math.inf]
+    # a finer grid: exactly the requested percentiles (numpy's linear rule: p% of 1..11 is 1 + p/10)
+    assert thresholds_for([float(x) for x in range(1, 12)], [5, 50, 95]) == [0.0, 1.5, 6.0, 10.5, math.inf]
 
 
 def _cand(t: float, q: float, rate: float) -> tuple[Run, Score]:
@@ -153,6 +155,8 @@ def test_missing_presets_file_is_a_one_line_error(tmp_path, clips):
     (["--ks", "0"], "block lengths"),
     (["--ks", "a"], "bad --ks"),
     (["--uncertainty", "median"], "sum, max or mean"),
+    (["--percentiles", "0,50"], "strictly between 0 and 100"),
+    (["--percentiles", "50,x"], "bad --percentiles"),
     (["--dtype", "float8"], "unknown dtype"),
 ])
 def test_bad_options_fail_before_loading(tmp_path, clips, args, phrase):
