@@ -188,7 +188,7 @@ TINY_PARAMS = 20_000_000
 
 
 def one_thread_if_tiny(pair: ModelPair) -> None:
-    """One torch thread when both models are tiny and on the CPU (the demo pair: 2M parameters).
+    """One torch thread when both models are tiny and on the CPU (the demo pair: 0.2M + 2.3M parameters).
     Their matmuls are a few thousand multiply-adds, less work than waking and joining a pool of
     threads, which on a busy machine also wait for cores; measured in the README's start-up note."""
     if threads_pinned or pair.edge.device.type != "cpu" or pair.cloud.device.type != "cpu":

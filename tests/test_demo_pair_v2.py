@@ -1,5 +1,5 @@
-"""What the bundled demo pair must show once v2 (issue 11) is trained and bundled. Until then these
-fail by design (strict xfail: bundling v2 turns them into errors until the marks are removed)."""
+"""What the bundled demo pair (v2, issue 11) must show: its tokenizer, its report's bar, its samples
+and its presets."""
 
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ from specdec_cli.phrases import ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "specdec_cli" / "demo" / "models"
-NOT_YET = pytest.mark.xfail(strict=True, reason="issue 11: v2 pair still training; bundled pair is v1")
 
 
-@NOT_YET
 @pytest.mark.parametrize("model", ["edge", "cloud"])
 def test_bundled_pair_uses_the_qwen_style_tokenizer(model):
     bundled = AutoTokenizer.from_pretrained(MODELS / model)
@@ -29,7 +27,6 @@ def test_bundled_pair_uses_the_qwen_style_tokenizer(model):
     assert bundled.get_vocab() == v2.get_vocab()
 
 
-@NOT_YET
 def test_report_meets_the_bar_per_length_bucket_and_on_noise():
     """Issue 11's bar, read from the report `python -m specdec_cli.demo.evaluate_pair` wrote for the
     bundled pair (its schema: accuracy[bucket][attribute | "mean"], bucket "all" = every clean clip)."""
@@ -48,7 +45,6 @@ def test_report_meets_the_bar_per_length_bucket_and_on_noise():
     assert report["entropy_curve"]["top_decile_rate"] > 0 and (ratio is None or ratio >= 5)
 
 
-@NOT_YET
 def test_samples_include_ordinary_sentence_lengths():
     rows = [json.loads(x) for x in (ROOT / "samples" / "labels.jsonl").read_text(encoding="utf-8").splitlines()]
     lengths = [sum("\u4e00" <= c <= "\u9fff" for c in row["sentence"]) for row in rows]
@@ -56,7 +52,6 @@ def test_samples_include_ordinary_sentence_lengths():
     assert sum(15 <= n <= 30 for n in lengths) >= 2
 
 
-@NOT_YET
 def test_shipped_presets_meet_the_bar_on_the_check_half():
     """quality within 1 point of cloud-only at <= 0.15 cloud calls per token, fluent cheaper: as
     measured by `specdec calibrate` on the check half (clips the choice never saw)."""

@@ -6,7 +6,8 @@ pure function of (input_ids, scores): it sees the whole history it is given (F10
 gives it prompt + answer so far + the draft prefix for every position it scores.
 
 The rules are defined over the answer's *characters*, whatever the tokenization, so they mean the
-same on the demo's character tokenizer and on Qwen's byte-level BPE (语/速/较快, 音/调/偏/高):
+same on a character tokenizer (the tests') and on Qwen's byte-level BPE (语/速/较快, 音/调/偏/高),
+which the demo pair's tokenizer reproduces:
 
 * no-repeat n-gram (n=4) over the stream of the answer's CJK content characters, punctuation
   stripped: a token is banned when any character it adds would complete a 4-gram the stream
