@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-SAMPLE ?= samples/f_fast_high.wav
+SAMPLE ?= samples/f_mid_mid_loud.wav
 # No model hub is reachable here: everything loads from local folders.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
