@@ -115,7 +115,7 @@ class TokenFacts:
         # characters), and the tokens holding a character a rule looks at (CJK, punctuation,
         # U+FFFD: a third of a BPE vocabulary) are found by a set test per token; the rest (Latin,
         # digits, spaces) need only their first and last characters.
-        kinds = {ch: char_kind(ch) for ch in set().union(*texts)}
+        kinds = {ch: char_kind(ch) for ch in set("".join(texts))}
         loud = frozenset(ch for ch, kind in kinds.items() if kind != "other" or ch == "\ufffd")
         todo = [i for i, text in enumerate(texts) if not loud.isdisjoint(text)]
         first[:] = [ord(t[0]) if t else NO for t in texts]
@@ -378,14 +378,18 @@ def byte_level_texts(tokenizer) -> list[str] | None:
         return None
     n = len(tokenizer)
     added = {int(i): str(t.content) for i, t in tokenizer.added_tokens_decoder.items()}
+    vocab = backend.get_vocab(with_added_tokens=False)
     pieces = [""] * n
-    seen = 0
-    for token, i in backend.get_vocab(with_added_tokens=False).items():
-        if i < n and i not in added:
+    try:
+        for token, i in vocab.items():
             pieces[i] = token
-            seen += 1
-    if seen + len([i for i in added if i < n]) != n:
-        return None  # holes in the id space: leave it to the tokenizer
+    except IndexError:  # an id past len(tokenizer): not the plain layout
+        return None
+    if len(vocab) + len([i for i in added if i < n and pieces[i] == ""]) != n:
+        return None  # holes in the id space (or an added token over a vocabulary id): leave it to the tokenizer
+    for i in added:
+        if i < n:
+            pieces[i] = ""  # added tokens are their content, set below
     # The alphabet's characters back to their bytes through a lookup table over code points (one
     # NumPy gather; str.translate with a dict costs ~8x more on Qwen's 1M characters).
     alphabet = _bytes_to_unicode()
