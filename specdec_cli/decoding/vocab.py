@@ -15,6 +15,7 @@ the vocabulary costs ~0.5 ms, an index write ~20 µs: field notes).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import os
 import pickle
@@ -350,17 +351,19 @@ def vocab_key(tokenizer) -> str:
     return h.hexdigest()[:24]
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level BPE alphabet: byte -> the printable character that stands for it in the
-    vocabulary (printable Latin-1 bytes stand for themselves, the other 68 are shifted to U+0100+).
-    The standard table, written out because transformers 5 no longer exports it publicly."""
+@functools.cache
+def _byte_lut() -> np.ndarray:
+    """GPT-2's byte-level BPE alphabet, inverted: the code point of the printable character that
+    stands for a byte in the vocabulary -> that byte, -1 for any other code point (printable Latin-1
+    bytes stand for themselves, the other 68 are shifted to U+0100+). The standard table, written
+    out because transformers 5 no longer exports it publicly; an array, so a whole vocabulary's
+    characters map back to bytes in one NumPy gather (str.translate with a dict costs ~8x more)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, shift = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + shift)
-            shift += 1
-    return out
+    lut = np.full(256 + 256 - len(keep), -1, np.int16)
+    lut[keep] = keep
+    kept = set(keep)
+    lut[256:] = [b for b in range(256) if b not in kept]
+    return lut
 
 
 def byte_level_texts(tokenizer) -> list[str] | None:
@@ -378,24 +381,18 @@ def byte_level_texts(tokenizer) -> list[str] | None:
         return None
     n = len(tokenizer)
     added = {int(i): str(t.content) for i, t in tokenizer.added_tokens_decoder.items()}
-    vocab = backend.get_vocab(with_added_tokens=False)
-    pieces = [""] * n
+    pieces: list[str | None] = [None] * n
     try:
-        for token, i in vocab.items():
+        for token, i in backend.get_vocab(with_added_tokens=False).items():
             pieces[i] = token
     except IndexError:  # an id past len(tokenizer): not the plain layout
         return None
-    if len(vocab) + len([i for i in added if i < n and pieces[i] == ""]) != n:
-        return None  # holes in the id space (or an added token over a vocabulary id): leave it to the tokenizer
     for i in added:
         if i < n:
-            pieces[i] = ""  # added tokens are their content, set below
-    # The alphabet's characters back to their bytes through a lookup table over code points (one
-    # NumPy gather; str.translate with a dict costs ~8x more on Qwen's 1M characters).
-    alphabet = _bytes_to_unicode()
-    lut = np.full(max(map(ord, alphabet.values())) + 1, -1, np.int16)
-    for b, u in alphabet.items():
-        lut[ord(u)] = b
+            pieces[i] = ""  # an added token is its content (set below), no bytes
+    if None in pieces:
+        return None  # holes in the id space: leave it to the tokenizer
+    lut = _byte_lut()
     codes = np.frombuffer("".join(pieces).encode("utf-32-le"), np.uint32)
     if codes.size and codes.max() >= lut.size:
         return None  # a piece outside the byte alphabet: not plain byte-level BPE
