@@ -4,6 +4,7 @@ installed `specdec` command. (The fixtures are in cli_fixtures.py.)"""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,25 @@ def subprocess_env() -> dict[str, str]:
 def run_specdec(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([specdec_exe(), *args], capture_output=True, text=True, encoding="utf-8",
                           env=subprocess_env(), timeout=timeout, cwd=cwd)
+
+
+# -- what `specdec calibrate` measured, read back from the comments it writes in a presets file ---
+
+def measured(presets_text: str) -> dict[str, tuple[float, float]]:
+    """(quality, cloud calls per token) per '# <half> half: ...' comment, keyed 'preset/half'
+    (half: calibration or check)."""
+    out, section = {}, "header"
+    for line in presets_text.splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        m = re.match(r"# (calibration|check) half:\s+quality ([\d.]+), cloud calls per token ([\d.]+)", line)
+        if m:
+            out[f"{section}/{m[1]}"] = (float(m[2]), float(m[3]))
+    return out
+
+
+def cloud_only_measured(presets_text: str) -> tuple[float, float]:
+    """Cloud-only's quality on the (calibration, check) halves, from the file's header comment."""
+    m = re.search(r"# cloud-only: quality ([\d.]+) calibration / ([\d.]+) check", presets_text)
+    assert m, presets_text
+    return float(m[1]), float(m[2])

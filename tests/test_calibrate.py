@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import tomllib
 from pathlib import Path
 
 import pytest
-from cli_helpers import write_clip
+from cli_helpers import cloud_only_measured, measured, write_clip
 from typer.testing import CliRunner
 
 from specdec_cli.calibrate import Run, Score, agreement, pick, thresholds_for
@@ -81,24 +80,6 @@ def clips(tmp_path_factory) -> Path:
     return root
 
 
-def _comments(text: str) -> dict[str, tuple[float, float]]:
-    """(quality, calls per token) per '# <name> half: ...' line, keyed by preset and half."""
-    out, section = {}, "header"
-    for line in text.splitlines():
-        if line.startswith("["):
-            section = line.strip("[]")
-        m = re.match(r"# (calibration|check) half:\s+quality ([\d.]+), cloud calls per token ([\d.]+)", line)
-        if m:
-            out[f"{section}/{m[1]}"] = (float(m[2]), float(m[3]))
-    return out
-
-
-def _cloud_line(text: str) -> tuple[float, float]:
-    m = re.search(r"# cloud-only: quality ([\d.]+) calibration / ([\d.]+) check", text)
-    assert m, text
-    return float(m[1]), float(m[2])
-
-
 @pytest.mark.parametrize("with_labels", [False, True], ids=["agreement", "labels"])
 def test_calibrate_writes_usable_presets(tmp_path, clips, models, with_labels):
     out = tmp_path / "presets.toml"
@@ -113,14 +94,14 @@ def test_calibrate_writes_usable_presets(tmp_path, clips, models, with_labels):
         assert set(data[name]) >= {"threshold", "k", "uncertainty", "verify", "description"}
         assert data[name]["k"] == 2 and data[name]["verify"] == "entropy"
     assert "clips: 4 from" in text and "2 calibration" in text and "2 check" in text
-    cloud_cal, cloud_chk = _cloud_line(text)
+    cloud_cal, cloud_chk = cloud_only_measured(text)
     if with_labels:
         assert "accuracy against the labels" in result.stderr
     else:
         # cloud-only agrees with itself: 100 on both halves, whichever measure the clips needed
         assert (cloud_cal, cloud_chk) == (100.0, 100.0)
         assert "agreement" in result.stderr or "similarity" in result.stderr
-    scores = _comments(text)
+    scores = measured(text)
     for name, points in (("quality", 1.0), ("fluent", 3.0)):
         quality, _ = scores[f"{name}/calibration"]
         if data[name]["description"].startswith("cheapest"):

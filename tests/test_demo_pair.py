@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
+from cli_helpers import measured
 
 from specdec_cli.audio import load_audio
 from specdec_cli.decoding import DecodingConfig
@@ -76,17 +76,6 @@ def test_demo_presets_are_calibrated_in_the_model_folder():
     # fluent is the cheapest setting within 3 points, quality within 1: on the half they were chosen
     # on, fluent costs no more cloud calls per token (k and threshold are picked per preset, so
     # neither need be ordered on its own)
-    measured = calibration_half(text)
-    assert measured["fluent"][1] <= measured["quality"][1]
+    on_calibration = measured(text)
+    assert on_calibration["fluent/calibration"][1] <= on_calibration["quality/calibration"][1]
 
-
-def calibration_half(text: str) -> dict[str, tuple[float, float]]:
-    """preset -> (quality, cloud calls per token) on the calibration half, from the comments
-    `specdec calibrate` writes under each preset."""
-    out, section = {}, None
-    for line in text.splitlines():
-        if m := re.match(r"\[(\w+)\]", line):
-            section = m.group(1)
-        elif section and (m := re.match(r"# calibration half: quality ([\d.]+), cloud calls per token ([\d.]+)", line)):
-            out[section] = (float(m.group(1)), float(m.group(2)))
-    return out

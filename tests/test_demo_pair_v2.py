@@ -4,10 +4,10 @@ and its presets."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
+from cli_helpers import cloud_only_measured, measured
 from transformers import AutoTokenizer
 
 from specdec_cli.demo.corpus import BUCKETS
@@ -56,14 +56,8 @@ def test_shipped_presets_meet_the_bar_on_the_check_half():
     """quality within 1 point of cloud-only at <= 0.15 cloud calls per token, fluent cheaper: as
     measured by `specdec calibrate` on the check half (clips the choice never saw)."""
     text = (MODELS / "edge" / "specdec_presets.toml").read_text(encoding="utf-8")
-    cloud_check = float(re.search(r"# cloud-only: quality [\d.]+ calibration / ([\d.]+) check", text).group(1))
-    check: dict[str, tuple[float, float]] = {}
-    section = None
-    for line in text.splitlines():
-        if m := re.match(r"\[(\w+)\]", line):
-            section = m.group(1)
-        elif section and (m := re.match(r"# check half: +quality ([\d.]+), cloud calls per token ([\d.]+)", line)):
-            check[section] = (float(m.group(1)), float(m.group(2)))
+    cloud_check = cloud_only_measured(text)[1]
+    check = {name: measured(text)[f"{name}/check"] for name in ("quality", "fluent")}
     assert check["quality"][0] >= cloud_check - 1.0
     assert check["quality"][1] <= 0.15
     assert check["fluent"][1] <= check["quality"][1]
