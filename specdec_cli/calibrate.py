@@ -172,22 +172,23 @@ def _clips(directory: Path, labels: Path | None) -> tuple[list[str], list[Path],
     return [str(p.relative_to(directory)) for p in paths], paths, None
 
 
-def _parse_ks(text: str) -> list[int]:
+def _comma_list(text: str, option: str, convert: Callable[[str], float], what: str, example: str) -> list:
+    """Sorted distinct values of a comma-list option, or a one-line error naming it."""
     try:
-        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+        return sorted({convert(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise InputError(f"bad --ks {text!r}; give block lengths as a comma list, e.g. 4,6") from None
+        raise InputError(f"bad {option} {text!r}; give {what} as a comma list, e.g. {example}") from None
+
+
+def _parse_ks(text: str) -> list[int]:
+    ks = _comma_list(text, "--ks", int, "block lengths", "4,6")
     if not ks or ks[0] < 1:
         raise InputError(f"bad --ks {text!r}; block lengths are integers >= 1")
     return ks
 
 
 def _parse_percentiles(text: str) -> list[float]:
-    try:
-        ps = sorted({float(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise InputError(f"bad --percentiles {text!r}; give numbers between 0 and 100 as a comma list, "
-                         "e.g. 10,25,50,75,90") from None
+    ps = _comma_list(text, "--percentiles", float, "numbers between 0 and 100", "10,25,50,75,90")
     if not ps or ps[0] <= 0 or ps[-1] >= 100:
         raise InputError(f"bad --percentiles {text!r}; each must lie strictly between 0 and 100 "
                          "(0 and inf are always in the sweep)")
