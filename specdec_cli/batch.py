@@ -289,18 +289,30 @@ def pending(files: list[Path], results: ResultsFile) -> tuple[list[Path], int]:
     return todo, len(files) - len(todo)
 
 
+# How the clips still to do become records: given them in order, yields (clip, record) as each clip
+# ends, in any order, each clip exactly once (a failed clip as its error record). One clip at a
+# time in this process (`_describe_each`), several rows in flight, or remote workers: the results
+# file, its one writer and its guarantees stay here.
+DescribeAll = Callable[[list[Path]], Iterator[tuple[Path, dict[str, Any]]]]
+
+
 def run_batch(
     files: list[Path],
     results: ResultsFile,
     describe: Callable[[Path], dict[str, Any]],
     error_record: Callable[[Path, str], dict[str, Any]],
     on_done: Callable[[Path, dict[str, Any]], None] | None = None,
+    describe_all: DescribeAll | None = None,
 ) -> BatchSummary:
-    """Describe each clip not yet recorded and append its record. A clip that fails gets a record
-    with `error` set and the batch goes on; KeyboardInterrupt stops it (the file stays consistent)."""
+    """Describe each clip not yet recorded and append its record as that clip ends. A clip that
+    fails gets a record with `error` set and the batch goes on; KeyboardInterrupt stops it (the file
+    stays consistent). `describe_all` replaces the one-at-a-time default (see DescribeAll)."""
     todo, skipped = pending(files, results)
     summary = BatchSummary(skipped=skipped)
-    for path, record in _describe_each(todo, describe, error_record):
+    if describe_all is None:
+        def describe_all(clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+            return _describe_each(clips, describe, error_record)
+    for path, record in describe_all(todo):
         results.append(record)
         if record.get("error") is None:
             summary.ok += 1
