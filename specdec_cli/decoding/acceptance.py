@@ -55,14 +55,26 @@ def greedy_verdict(draft: list[int], target_scores: Rows) -> Verdict:
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One index drawn from the 1-D distribution `probs` (non-negative, any positive total), by the
-    inverse CDF: the first index whose cumulative sum exceeds u · total, u ~ U[0, 1) from
-    `generator`. Exact up to float64 rounding, and an index with probability 0 is never drawn (its
-    interval is empty). Hand-written because torch.multinomial costs ~3.5 ms per draw at V≈152k on
-    one CPU thread (this: ~0.2 ms), and a sampled block draws up to k+1 times."""
+    """One index drawn from the 1-D distribution `probs` (non-negative, any positive total), with
+    u ~ U[0, 1) from `generator` (see `draw_at`)."""
+    return draw_at(probs, uniform(generator))
+
+
+def uniform(generator: torch.Generator) -> float:
+    """The float64 u ~ U[0, 1) one `draw` consumes from `generator`."""
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def draw_at(probs: torch.Tensor, u: float) -> int:
+    """The index the inverse CDF of `probs` gives at u in [0, 1): the first index whose cumulative
+    sum exceeds u · total. Exact up to float64 rounding, and an index with probability 0 is never
+    drawn (its interval is empty). Hand-written because torch.multinomial costs ~3.5 ms per draw at
+    V≈152k on one CPU thread (this: ~0.2 ms), and a sampled block draws up to k+1 times; and because
+    u is explicit, the draw can happen on another machine than the one holding the generator (the
+    remote cloud draws the bonus token with the client's u)."""
     cdf = torch.cumsum(probs, 0, dtype=torch.float64)
-    u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
-    i = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True))
+    x = u * float(cdf[-1])
+    i = int(torch.searchsorted(cdf, torch.tensor([x], dtype=torch.float64), right=True))
     if i >= probs.shape[0]:  # u rounded up to the total: the last index with mass
         i = int(torch.nonzero(probs > 0)[-1])
     return i
@@ -87,20 +99,48 @@ def rejection_verdict(
     draft_probs: [k, V_draft], the distributions draft[j] was actually sampled from (HF #47932
     trap); target_probs: [k+1, V_target]. The widths may differ: both are zero-padded to the wider,
     so a draft token the target lacks is always rejected (p_target = 0) and a target token the
-    draft lacks is reached through the residual (p_draft = 0 there)."""
+    draft lacks is reached through the residual (p_draft = 0 there).
+
+    Written as its two halves, so that the half needing the target's rows can run where they are
+    (the remote cloud): `sampling_uniforms` draws every random number the block needs up front, in
+    this order, so the stream does not depend on laziness or on where each half runs;
+    `first_rejection` is the accept test; `recovered_token` the residual draw."""
     k = len(draft)
     assert draft_probs.shape[0] == k and len(target_probs) == k + 1
-    width = max(draft_probs.shape[-1], target_probs[0].shape[-1])
-    draft_probs = pad_to(draft_probs, width)
-    u = torch.rand(k, generator=generator)  # drawn up front: the stream does not depend on laziness
-    for j in range(k):
-        target = pad_to(target_probs[j], width)  # rows after the first rejection are never read
-        p_t, p_d = target[draft[j]], draft_probs[j, draft[j]]
-        if u[j] * p_d > p_t:  # reject, i.e. not (u < p_t / p_d), written without dividing
-            residual = (target - draft_probs[j]).clamp(min=0)
-            total = residual.sum()
-            # A zero residual happens only when p_t == p_d, where rejection has probability 0;
-            # guard against rounding anyway by falling back to the target. (draw normalises.)
-            dist = residual if total > 0 else target
-            return Verdict(j, draw(dist, generator), "recovered")
-    return Verdict(k, draw(target_probs[k], generator), "bonus")
+    u, u_last = sampling_uniforms(k, generator)
+    p_draft = [float(draft_probs[j, t]) for j, t in enumerate(draft)]
+    j = first_rejection(draft, p_draft, target_probs, u)
+    if j < k:
+        return Verdict(j, recovered_token(target_probs[j], draft_probs[j], u_last), "recovered")
+    return Verdict(k, draw_at(target_probs[k], u_last), "bonus")
+
+
+def sampling_uniforms(k: int, generator: torch.Generator) -> tuple[list[float], float]:
+    """The k accept-test uniforms (float32) and the one for the final draw (float64), in the order
+    `rejection_verdict` has always drawn them."""
+    u = torch.rand(k, generator=generator).tolist()
+    return u, uniform(generator)
+
+
+def first_rejection(draft: list[int], p_draft: list[float], target_probs: Rows, u: list[float]) -> int:
+    """The index of the first rejected draft token (k when all are accepted). p_draft[j]: the
+    probability the drafter gave draft[j]; target_probs row j: the target's distribution there
+    (rows after the first rejection are never read). Reject when u·p_draft > p_target, i.e. not
+    (u < p_target / p_draft), written without dividing; a token outside the target's width has
+    p_target = 0."""
+    for j, token in enumerate(draft):
+        row = target_probs[j]
+        p_t = float(row[token]) if token < row.shape[-1] else 0.0
+        if u[j] * p_draft[j] > p_t:
+            return j
+    return len(draft)
+
+
+def recovered_token(target: torch.Tensor, draft: torch.Tensor, u: float) -> int:
+    """The token drawn at u from the normalised positive part of target - draft (1-D rows, zero-
+    padded to one width). A zero residual happens only when the rows are equal, where rejection
+    has probability 0; guard against rounding anyway by falling back to the target."""
+    width = max(target.shape[-1], draft.shape[-1])
+    target, draft = pad_to(target, width), pad_to(draft, width)
+    residual = (target - draft).clamp(min=0)
+    return draw_at(residual if residual.sum() > 0 else target, u)

@@ -17,32 +17,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from .acceptance import Verdict, greedy_verdict, rejection_verdict
+from .acceptance import Verdict
 from .config import DecodingConfig
 from .drafter import Proposal, propose
 from .processors import DecodingRules, VocabMasks
 from .state import ModelState
-from .verifier import TargetScores, score_draft
-
-# (draft tokens, processed target scores: k+1 rows, indexable) -> Verdict: a greedy acceptance rule.
-AcceptanceRule = Callable[[list[int], TargetScores], Verdict]
+from .verifier import AcceptanceRule, LocalCloud
 
 
-class _Softmaxed:
-    """Row j: softmax of the target's processed row j, computed when the rule first reads it."""
+class Cloud(Protocol):
+    """What the loop asks of the cloud (verifier.LocalCloud in this process; a session on a
+    `specdec serve` server through remote.client.RemoteCloud): start a clip lazily (or prefill it
+    now), verify a draft, roll back to the accepted prefix; plus the work counters a record reports."""
 
-    def __init__(self, scores: TargetScores) -> None:
-        self.scores = scores
+    prefill_tokens: int
+    forwards: int
+    tokens_fed: int
+    all_forwards: int
 
-    def __len__(self) -> int:
-        return len(self.scores)
-
-    def __getitem__(self, j: int) -> torch.Tensor:
-        return torch.softmax(self.scores[j], dim=-1)
+    def __len__(self) -> int: ...
+    def start(self, inputs: Mapping[str, torch.Tensor]) -> None: ...
+    def prefill(self, inputs: Mapping[str, torch.Tensor]) -> None: ...
+    def verify(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+               generator: torch.Generator | None, acceptance: AcceptanceRule | None = None) -> tuple[Verdict, int]: ...
+    def rollback(self, length: int) -> None: ...
 
 
 @dataclass
@@ -137,7 +140,7 @@ def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int]
 
 def speculative_decode(
     edge_model: PreTrainedModel,
-    cloud_model: PreTrainedModel,
+    cloud_model: PreTrainedModel | Cloud,
     inputs: Mapping[str, torch.Tensor],
     cfg: DecodingConfig,
     masks: VocabMasks,
@@ -150,9 +153,11 @@ def speculative_decode(
     escalation, so a clip the edge handles alone costs the cloud nothing and never leaves the
     device; `lazy_prefill=False` prefills the cloud up front (same tokens, more cloud work).
     `acceptance` replaces the greedy rule (bench/synthetic.py's accept-with-probability-alpha);
-    None: greedy match, or rejection sampling with `cfg.sample`."""
+    None: greedy match, or rejection sampling with `cfg.sample`. `cloud_model` is a model (scored
+    in this process) or a `Cloud` for this clip (e.g. a session on a remote server)."""
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
-    edge, cloud = ModelState(edge_model, "edge"), ModelState(cloud_model, "cloud")
+    edge = ModelState(edge_model, "edge")
+    cloud: Cloud = LocalCloud(cloud_model) if isinstance(cloud_model, torch.nn.Module) else cloud_model
 
     # 1. The edge hears the clip now; the cloud keeps the same prompt and hears it when first asked.
     edge.prefill(inputs)
@@ -181,19 +186,11 @@ def speculative_decode(
         new_tokens = list(proposal.tokens)
 
         if reason:
-            # 4. Verify: one cloud forward over its unseen tokens + the draft, then the rule.
+            # 4. Verify: one cloud forward over its unseen tokens + the draft (k+1 rows, each
+            #    processed by the rules when the verdict first reads it: none past the first
+            #    rejection), then the rule: greedy match, or rejection sampling with the generator.
             prefilled = cloud.prefill_tokens
-            # k+1 rows; the rules process a row when the verdict first reads it, and a verdict
-            # reads no row past the first rejection.
-            target_scores, fed = score_draft(cloud, sequence, proposal.tokens, rules)
-            verdict: Verdict
-            if acceptance is not None:
-                verdict = acceptance(proposal.tokens, target_scores)
-            elif generator is None:
-                verdict = greedy_verdict(proposal.tokens, target_scores)
-            else:
-                verdict = rejection_verdict(proposal.tokens, proposal.draft_probs,
-                                            _Softmaxed(target_scores), generator)
+            verdict, fed = cloud.verify(sequence, proposal, rules, generator, acceptance)
             new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
             event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
             event.cloud_tokens, event.cloud_prefill_tokens = fed, cloud.prefill_tokens - prefilled
@@ -201,7 +198,7 @@ def speculative_decode(
             # 5. Roll both caches back to the accepted prefix (the edge may hold less already).
             keep = len(sequence) + verdict.accepted
             edge.rollback(min(len(edge), keep))
-            cloud.rollback(min(len(cloud), keep))
+            cloud.rollback(keep)
 
         # 6. Extend the sequence token by token; the first token that ends generation ends it.
         for token in new_tokens:

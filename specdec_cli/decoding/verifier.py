@@ -3,10 +3,13 @@ escalation of a clip, the lazy prefill)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
+from transformers import PreTrainedModel
 
+from .acceptance import Verdict, greedy_verdict, rejection_verdict
+from .drafter import Proposal
 from .processors import DecodingRules
 from .state import ModelState
 
@@ -49,6 +52,10 @@ class TargetScores:
         return torch.stack([self[j] for j in range(len(self))])
 
 
+# (draft tokens, processed target scores: k+1 rows, indexable) -> Verdict: a greedy acceptance rule.
+AcceptanceRule = Callable[[list[int], TargetScores], Verdict]
+
+
 def score_draft(cloud: ModelState, sequence: list[int], draft: list[int],
                 rules: DecodingRules) -> tuple[TargetScores, int]:
     """Processed cloud scores for every draft position plus the bonus position (k+1 rows, each
@@ -71,3 +78,83 @@ def score_draft(cloud: ModelState, sequence: list[int], draft: list[int],
         rows = torch.cat([before[None], cloud.advance(draft)])
     # rows: [k+1, V]; row j scores draft[j] (row k: bonus), each with its own prefix.
     return TargetScores(rules, sequence, draft, rows), cloud.tokens_fed - fed_before
+
+
+class LocalCloud:
+    """The cloud in this process: its ModelState, scored and judged here.
+
+    This is the interface the loop asks of "the cloud" — start a clip lazily, verify a draft
+    (score it and return the verdict), roll back — and the work counters a record reports. The
+    remote cloud (`specdec_cli.remote.client.RemoteCloud`) offers the same, over HTTP, so the loop
+    never learns where the cloud runs. The verdict is part of `verify` because a remote cloud must
+    decide where the target's rows are: its answer is then a few bytes, not k+1 vocabulary rows."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.state = ModelState(model, "cloud")
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def start(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        self.state.start(inputs)
+
+    def prefill(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        self.state.prefill(inputs)
+
+    def verify(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+               generator: torch.Generator | None, acceptance: AcceptanceRule | None = None) -> tuple[Verdict, int]:
+        """Score `proposal` after `sequence` (lazy catch-up, lazy prefill) and judge it: greedy match,
+        or rejection sampling when `generator` is given, or the caller's `acceptance` rule. Returns
+        the verdict and the tokens this forward fed after the prompt. The cache still holds the
+        whole draft: `rollback` cuts it to what the verdict kept."""
+        scores, fed = score_draft(self.state, sequence, proposal.tokens, rules)
+        return judge(proposal, scores, generator, acceptance), fed
+
+    def rollback(self, length: int) -> None:
+        self.state.rollback(min(len(self.state), length))  # it may hold less: nothing to cut then
+
+    # Work counters for the record (see ModelState).
+    @property
+    def prefill_tokens(self) -> int:
+        return self.state.prefill_tokens
+
+    @property
+    def forwards(self) -> int:
+        return self.state.forwards
+
+    @property
+    def tokens_fed(self) -> int:
+        return self.state.tokens_fed
+
+    @property
+    def all_forwards(self) -> int:
+        return self.state.all_forwards
+
+
+class _Softmaxed:
+    """Row j: softmax of the target's processed row j, computed when the rule first reads it."""
+
+    def __init__(self, scores: TargetScores) -> None:
+        self.scores = scores
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        return torch.softmax(self.scores[j], dim=-1)
+
+
+def target_probs(scores: TargetScores) -> _Softmaxed:
+    """The target's distributions, row by row as a rule reads them."""
+    return _Softmaxed(scores)
+
+
+def judge(proposal: Proposal, scores: TargetScores, generator: torch.Generator | None,
+          acceptance: AcceptanceRule | None = None) -> Verdict:
+    """The verdict on a draft: the caller's rule if given, else greedy match, or rejection
+    sampling against the distributions the draft was sampled from when `generator` is given."""
+    if acceptance is not None:
+        return acceptance(proposal.tokens, scores)
+    if generator is None:
+        return greedy_verdict(proposal.tokens, scores)
+    return rejection_verdict(proposal.tokens, proposal.draft_probs, _Softmaxed(scores), generator)
