@@ -1,0 +1,319 @@
+"""BatchState: one model's view of many sequences (rows) in one KV cache, one forward for all.
+
+`ModelState` owns one clip's tokens + cache + M-RoPE offset. `BatchState` owns the same three
+things for several rows at once, keyed by any hashable (a clip path, a session id), with the same
+verbs, per row:
+
+* `join(key, inputs, tokens, keep)` — a new row: its prompt (with the audio) and any tokens after
+  it run in a forward of their own, at batch 1, and the resulting cache row is inserted into the
+  batch's cache. (`start` + first `advance` of ModelState, in one call.)
+* `advance({key: tokens}, keep)`  — one forward in which every row named gets its own number of
+  tokens (rows not named get none); per-row logits back.
+* `rollback(key, length)`         — cut one row back, the others untouched.
+* `leave(key)`                    — the row's slot in the batch is freed.
+
+How rows of different lengths share one cache. `DynamicCache` holds one tensor per layer,
+[B, heads, L, head_dim], with one physical length L for all rows. Each row records which physical
+slots (columns) hold its tokens, in order (`Row.slots`); the others are holes, which a [B, L]
+boolean mask (`self.valid`) marks and every forward passes as its 2-D attention mask. Keys are
+stored already rotated, so a token's position is fixed when it is written: each row gets its own
+*logical* positions (its token count + its rope_deltas, the 3-D M-RoPE ids the thinker expects)
+through explicit `position_ids`, whatever physical column the token lands in, while the causal
+mask the model builds from the physical columns stays right because a row's tokens are always
+appended after everything the cache holds. So:
+
+* advance: the forward has n = the most tokens any row is given; a row given fewer is padded with
+  `pad_id`, and its padding columns are holes from the start (their keys are garbage that no one
+  attends to; their logits are never read). Only the logits rows asked for are computed: a pre-hook
+  on the output embedding hands it exactly those hidden states ([1, M, hidden]), as
+  `state.logits_for_last` does for one row.
+* rollback: the row's slots after `length` become holes. Then the columns that are holes in every
+  row at the end of the cache are cropped (`DynamicCache.crop`); holes in the middle stay until
+  they waste more than `max_waste` columns, when the cache is compacted: each row's slots gathered
+  to the front (left-aligned, holes at the right of the shorter rows), one gather per layer.
+* join: the new row's cache comes from its own batch-1 prefill (a `ModelState`, so the prompt, the
+  audio tower and `get_rope_index` run exactly as at batch 1, and the row's cache is bit-identical
+  to its batch-1 run). Batching prefills would save little: prompts differ in length (the audio
+  placeholders), so they would need padding inside the audio tower and the prompt, the prefill is
+  once per clip against one forward per draft token, and a lazily prefilled cloud row joins in the
+  middle of other rows' blocks anyway. The row's tensors are padded to the cache's length
+  (or the cache to the row's) and concatenated on the batch dimension.
+* leave: `DynamicCache.batch_select_indices` keeps the other rows.
+
+Invariant, asserted per row after every change: the row's valid columns == its slots == its tokens.
+
+Numerics: a row's logits in a batched forward differ from its batch-1 forward by float rounding only
+(different matmul shapes, masked columns contribute exact zeros); greedy decoding can then differ
+only at a near-tie (tests/test_batch_state.py, tests/test_batch_loop.py).
+
+Only `DynamicLayer` caches (full attention) are handled: a sliding-window layer drops columns on
+its own, which the slot bookkeeping cannot follow, so such a model is refused at join.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from .state import ModelState
+
+
+@dataclass
+class Row:
+    """One sequence of the batch: what ModelState holds for one clip, plus its slots."""
+
+    ids: list[int]                     # tokens the cache holds for this row (prompt first)
+    slots: list[int]                   # physical cache column of each token, increasing
+    prompt_ids: list[int]
+    delta: int = 0                     # int(rope_deltas) of the row's prompt
+    last_logits: torch.Tensor | None = None  # (V,) prediction after ids[-1]; None after a cut
+    # Work counters, as ModelState's (a forward counts for a row only when it fed the row tokens).
+    prefill_tokens: int = 0
+    forwards: int = 0
+    tokens_fed: int = 0
+    all_forwards: int = 0
+    name: str = field(default="row", repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def pending(self, sequence: Sequence[int]) -> list[int]:
+        """Tokens of `sequence` this row has not consumed; the held tokens must prefix it."""
+        n = len(self.ids)
+        assert len(sequence) >= n and list(sequence[:n]) == self.ids, (
+            f"{self.name}: cache holds tokens that are not a prefix of the accepted sequence"
+        )
+        return list(sequence[n:])
+
+
+@contextlib.contextmanager
+def _logits_at(model: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor) -> Iterator[bool]:
+    """Make the next forward compute logits only at (rows[i], cols[i]) of its [B, n] positions,
+    returned as out.logits [1, M, V]. Yields whether the hook is in place (models without an output
+    embedding compute every position; the caller then indexes)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if head is None:
+        yield False
+        return
+    handle = head.register_forward_pre_hook(lambda _m, args: (args[0][rows, cols][None], *args[1:]))
+    try:
+        yield True
+    finally:
+        handle.remove()
+
+
+class BatchState:
+    def __init__(self, model: PreTrainedModel, name: str = "model", pad_id: int = 0, max_waste: int = 64) -> None:
+        self.model = model
+        self.name = name
+        self.pad_id = pad_id          # fed in padding columns: never attended to, never read
+        self.max_waste = max_waste    # hole columns tolerated before the cache is compacted
+        self.device = model.device
+        self.cache: DynamicCache | None = None
+        self.order: list[Hashable] = []  # batch index -> key
+        self.rows: dict[Hashable, Row] = {}
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L]: column holds a token
+        self._mrope = hasattr(getattr(model, "model", None), "get_rope_index")
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.rows
+
+    def __getitem__(self, key: Hashable) -> Row:
+        return self.rows[key]
+
+    @property
+    def width(self) -> int:
+        """Physical columns of the cache (the longest row plus holes)."""
+        return self.valid.shape[1]
+
+    # -- the ways the state changes -------------------------------------------------------------
+
+    @torch.inference_mode()
+    def join(self, key: Hashable, inputs: Mapping[str, torch.Tensor], tokens: Sequence[int] | None = None,
+             keep: int = 1) -> torch.Tensor:
+        """Add a row: run its prompt (+ `tokens` after the prompt, which must start with it; the
+        prompt alone when None) at batch 1 and insert its cache. [keep, V] logits, as
+        ModelState.advance returns them."""
+        assert key not in self.rows, f"{self.name}: row {key!r} is in the batch already"
+        single = ModelState(self.model, f"{self.name}[{key}]")
+        single.start(inputs)
+        logits = single.advance(single.prompt_ids if tokens is None else tokens, keep=keep)
+        layers = single.cache.layers
+        assert all(type(layer) is DynamicLayer for layer in layers), (
+            f"{self.name}: only full-attention caches can be batched (a sliding window drops columns)")
+        n = len(single.ids)
+        if self.cache is None:
+            self.cache = single.cache
+            self.valid = torch.ones(1, n, dtype=torch.bool, device=self.device)
+        else:
+            width = max(self.width, n)
+            self._pad_columns(width)
+            for mine, theirs in zip(self.cache.layers, layers, strict=True):
+                mine.keys = torch.cat([mine.keys, _pad_seq(theirs.keys, width)])
+                mine.values = torch.cat([mine.values, _pad_seq(theirs.values, width)])
+            row_valid = torch.zeros(1, width, dtype=torch.bool, device=self.device)
+            row_valid[0, :n] = True
+            self.valid = torch.cat([self.valid, row_valid])
+        self.order.append(key)
+        self.rows[key] = Row(list(single.ids), list(range(n)), list(single.prompt_ids), single._delta,
+                             single.last_logits, single.prefill_tokens, single.forwards, single.tokens_fed,
+                             single.all_forwards, name=f"{self.name}[{key}]")
+        self._check()
+        return logits
+
+    @torch.inference_mode()
+    def advance(self, feed: Mapping[Hashable, Sequence[int]],
+                keep: Mapping[Hashable, int] | None = None) -> dict[Hashable, torch.Tensor]:
+        """One forward: each row in `feed` gets its tokens after the ones it holds (rows not in
+        `feed`, or given none, get nothing). Returns, per row fed, [keep, V] float logits on the CPU
+        for its last `keep` tokens (all when `keep` does not name the row), row i predicting the
+        token after its token."""
+        feed = {key: [int(t) for t in tokens] for key, tokens in feed.items() if len(tokens)}
+        if not feed:
+            return {}
+        b, width = len(self.order), self.width
+        n = max(len(t) for t in feed.values())
+        index = {key: i for i, key in enumerate(self.order)}
+        input_ids = torch.full((b, n), self.pad_id, dtype=torch.long)      # [B, n]
+        new_valid = torch.zeros(b, n, dtype=torch.bool)                      # [B, n]
+        start = torch.zeros(b, dtype=torch.long)                             # [B]: first logical position
+        want_rows: list[int] = []
+        want_cols: list[int] = []
+        spans: dict[Hashable, tuple[int, int]] = {}
+        for key, tokens in feed.items():
+            i, row, m = index[key], self.rows[key], len(tokens)
+            input_ids[i, :m] = torch.tensor(tokens)
+            new_valid[i, :m] = True
+            k = m if keep is None or key not in keep else keep[key]
+            assert 0 < k <= m, f"{row.name}: cannot keep {k} of {m} rows"
+            spans[key] = (len(want_rows), k)
+            want_rows.extend([i] * k)
+            want_cols.extend(range(m - k, m))
+        for i, key in enumerate(self.order):
+            row = self.rows[key]
+            start[i] = len(row.ids) + (row.delta if self._mrope else 0)
+        positions = start[:, None] + torch.arange(n)[None, :]                # [B, n]
+        positions = positions[None].expand(3, b, n) if self._mrope else positions  # [3, B, n]: M-RoPE
+        new_valid = new_valid.to(self.device)
+        mask = torch.cat([self.valid, new_valid], dim=1)                     # [B, L + n]
+        rows_t = torch.tensor(want_rows, device=self.device)
+        cols_t = torch.tensor(want_cols, device=self.device)
+        with _logits_at(self.model, rows_t, cols_t) as hooked:
+            out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.long(),
+                             position_ids=positions.to(self.device), past_key_values=self.cache, use_cache=True)
+        logits = out.logits[0] if hooked else out.logits[rows_t, cols_t]    # [M, V]
+        logits = logits.float().cpu()
+        self.valid = mask
+        result: dict[Hashable, torch.Tensor] = {}
+        for key, tokens in feed.items():
+            row, (at, k) = self.rows[key], spans[key]
+            row.slots.extend(range(width, width + len(tokens)))
+            row.ids.extend(tokens)
+            row.forwards += 1
+            row.all_forwards += 1
+            row.tokens_fed += len(tokens)
+            result[key] = logits[at:at + k]
+            row.last_logits = result[key][-1]
+        self._tidy()
+        self._check()
+        return result
+
+    @torch.inference_mode()
+    def rollback(self, key: Hashable, length: int) -> None:
+        """Cut one row back to its first `length` tokens (never into the prompt)."""
+        row = self.rows[key]
+        remove = len(row.ids) - length
+        assert 0 <= remove, f"{row.name}: cannot roll forward from {len(row.ids)} to {length}"
+        assert not remove or length >= len(row.prompt_ids), f"{row.name}: cannot cut into the prompt"
+        if remove:
+            i = self.order.index(key)
+            self.valid[i, row.slots[length:]] = False
+            del row.slots[length:]
+            del row.ids[length:]
+            row.last_logits = None
+            self._tidy()
+        self._check()
+
+    @torch.inference_mode()
+    def leave(self, key: Hashable) -> Row:
+        """Drop a row from the batch; returns its last state (counters included)."""
+        i = self.order.index(key)
+        keep = [j for j in range(len(self.order)) if j != i]
+        row = self.rows.pop(key)
+        del self.order[i]
+        if not keep:
+            self.cache, self.valid = None, torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+            return row
+        self.cache.batch_select_indices(torch.tensor(keep, device=self.device))
+        self.valid = self.valid[keep]
+        self._tidy()
+        self._check()
+        return row
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _pad_columns(self, width: int) -> None:
+        """Grow the cache to `width` columns with holes at the end."""
+        extra = width - self.width
+        if extra <= 0:
+            return
+        for layer in self.cache.layers:
+            layer.keys, layer.values = _pad_seq(layer.keys, width), _pad_seq(layer.values, width)
+        self.valid = torch.cat([self.valid, torch.zeros(len(self.order), extra, dtype=torch.bool,
+                                                        device=self.device)], dim=1)
+
+    def _tidy(self) -> None:
+        """Crop the hole columns every row has at the end; compact when holes waste too much."""
+        if self.cache is None or not self.order:
+            return
+        used = max((row.slots[-1] + 1 for row in self.rows.values()), default=0)
+        if used < self.width:
+            self.cache.crop(-(self.width - used))  # transformers 5.x: a negative count to drop
+            self.valid = self.valid[:, :used]
+        if self.width - max(len(row.ids) for row in self.rows.values()) > self.max_waste:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Gather each row's slots to the front: one gather per layer tensor."""
+        longest = max(len(row.ids) for row in self.rows.values())
+        index = torch.zeros(len(self.order), longest, dtype=torch.long)  # [B, longest]; 0 under holes
+        valid = torch.zeros(len(self.order), longest, dtype=torch.bool)
+        for i, key in enumerate(self.order):
+            row = self.rows[key]
+            index[i, :len(row.slots)] = torch.tensor(row.slots)
+            valid[i, :len(row.slots)] = True
+            row.slots = list(range(len(row.slots)))
+        index = index.to(self.device)
+        for layer in self.cache.layers:
+            b, h, _, d = layer.keys.shape
+            gather = index[:, None, :, None].expand(b, h, longest, d)
+            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+        self.valid = valid.to(self.device)
+
+    def _check(self) -> None:
+        """Per row: columns marked valid == slots == tokens held; the cache is as wide as the mask."""
+        if self.cache is None:
+            assert not self.rows, f"{self.name}: rows without a cache"
+            return
+        held = self.cache.get_seq_length()
+        assert held == self.width, f"{self.name}: cache holds {held} columns but the mask {self.width}"
+        counts = self.valid.sum(dim=1).tolist()
+        for key, count in zip(self.order, counts, strict=True):
+            row = self.rows[key]
+            assert count == len(row.slots) == len(row.ids), (
+                f"{row.name}: cache holds {count} positions but {len(row.ids)} tokens")
+
+
+def _pad_seq(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, H, L, D] zero-padded on the sequence axis to `width` columns (holes)."""
+    extra = width - t.shape[-2]
+    return torch.nn.functional.pad(t, (0, 0, 0, extra)) if extra > 0 else t
