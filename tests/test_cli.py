@@ -246,14 +246,30 @@ def test_python_dash_m():
     assert proc.returncode == 0 and proc.stdout.strip() == f"specdec {__version__}"
 
 
-def test_threads_option_sets_torch_threads():
-    import torch
+# Runs in a child interpreter: `--threads` changes process-wide torch state and `models.threads_pinned`,
+# which must not leak into the rest of the session. The child starts at 2 threads, so 3 can only come from --threads; a tiny pair would otherwise be reset to 1 (one_thread_if_tiny).
+THREADS_PROBE = """
+import sys, torch
+from typer.testing import CliRunner
+from specdec_cli.cli import app
+from specdec_cli import models
+torch.set_num_threads(2)
+before = torch.get_num_threads()
+result = CliRunner().invoke(app, sys.argv[1:])
+print(before, torch.get_num_threads(), models.threads_pinned, result.exit_code)
+"""
 
-    before = torch.get_num_threads()
-    try:
-        result = CliRunner().invoke(app, ["--threads", "1", "presets"])
-        assert result.exit_code == 0, result.output
-        assert torch.get_num_threads() == 1
-        assert CliRunner().invoke(app, ["--threads", "0", "presets"]).exit_code == 2
-    finally:
-        torch.set_num_threads(before)
+
+def _threads_probe(*args: str) -> tuple[int, int, bool, int]:
+    out = subprocess.run([sys.executable, "-c", THREADS_PROBE, *args], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=300, check=True).stdout.split()
+    return int(out[0]), int(out[1]), out[2] == "True", int(out[3])
+
+
+def test_threads_option_sets_torch_threads(clip_path, models):
+    """--threads N sets torch's thread count and pins it: a tiny pair keeps N (without the option
+    the same describe drops to 1 thread). Checked in a child interpreter that starts at 2 threads."""
+    assert _threads_probe("--threads", "3", "describe", str(clip_path), *models, *DESCRIBE) == (2, 3, True, 0)
+    assert _threads_probe("describe", str(clip_path), *models, *DESCRIBE) == (2, 1, False, 0)
+    refused = run_specdec("--threads", "0", "presets")
+    assert refused.returncode == 2 and "--threads" in refused.stderr and "Traceback" not in refused.stderr

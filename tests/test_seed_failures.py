@@ -11,6 +11,7 @@ from transformers import RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarp
 
 from specdec_cli.decoding import DecodingConfig, VocabMasks, generate_baseline, speculative_decode
 from specdec_cli.decoding import loop as loop_module
+from specdec_cli.decoding import verifier as verifier_module
 from specdec_cli.decoding.processors import (
     ContentNoRepeatNGram,
     ContentRepetitionPenalty,
@@ -38,20 +39,20 @@ class RecordingState(ModelState):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        RecordingState.instances.append(self)
+        type(self).instances.append(self)
 
 
 def test_F1_both_caches_are_cut_back_to_the_accepted_prefix(edge, cloud, processor, masks, eos_ids, monkeypatch):
     """After every rejection, each cache equals a fresh prefill of exactly the tokens it holds,
     and those tokens are a prefix of the accepted sequence."""
-    RecordingState.instances = []
-    monkeypatch.setattr(loop_module, "ModelState", RecordingState)
+    record_states(monkeypatch, RecordingState)
     inputs = processor(clip(5))
     checked = []
 
     def on_block(event):
         if event.correction_kind != "recovered":
             return
+        assert {s.model for s in RecordingState.instances[-2:]} == {edge, cloud}
         for state in RecordingState.instances[-2:]:
             prompt_len = inputs["input_ids"].shape[1]
             held = state.ids[prompt_len:]
@@ -95,18 +96,62 @@ def test_F2_next_draft_starts_from_the_last_accepted_token(edge, cloud, processo
     assert seen
 
 
+def record_states(monkeypatch, cls: type[RecordingState]) -> None:
+    """Make every ModelState the loop builds (the edge's in loop.py, the cloud's in verifier.py)
+    a `cls`, listed in cls.instances."""
+    cls.instances = []
+    monkeypatch.setattr(loop_module, "ModelState", cls)
+    monkeypatch.setattr(verifier_module, "ModelState", cls)
+
+
+class AdvanceWatch(RecordingState):
+    """A ModelState that knows when it is inside its own `advance`."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.depth = 0
+
+    def advance(self, tokens, keep=None):
+        self.depth += 1
+        try:
+            return super().advance(tokens, keep)
+        finally:
+            self.depth -= 1
+
+
 def test_F3_one_place_advances_a_cache(edge, cloud, processor, masks, eos_ids, monkeypatch):
-    """Every cache growth goes through ModelState.advance and cache length == tokens held after
-    each block; a second advance anywhere else trips the assertion (test_state covers that)."""
-    RecordingState.instances = []
-    monkeypatch.setattr(loop_module, "ModelState", RecordingState)
+    """Every cache growth goes through ModelState.advance: each write into a cache (the cache's
+    own `update`, which every attention layer calls to append its keys and values) happens while
+    the state owning that cache is inside its `advance`, and nowhere else. A second forward on the
+    cache while "updating context" (the prototype's bug) would write outside it. And the positions
+    written add up: layer 0 grows by exactly the tokens advance was given, minus rollbacks."""
+    from transformers import DynamicCache
+
+    record_states(monkeypatch, AdvanceWatch)
+    writes = []  # (state, positions written), one per layer-0 update
+    original_update = DynamicCache.update
+
+    def watched_update(cache, key_states, value_states, layer_idx, *args, **kwargs):
+        owners = [s for s in AdvanceWatch.instances if s.cache is cache]
+        assert len(owners) == 1, "a cache no ModelState owns was written"
+        assert owners[0].depth > 0, f"{owners[0].name}'s cache grew outside ModelState.advance"
+        if layer_idx == 0:
+            writes.append((owners[0], key_states.shape[-2]))
+        return original_update(cache, key_states, value_states, layer_idx, *args, **kwargs)
+
+    monkeypatch.setattr(DynamicCache, "update", watched_update)
 
     def on_block(event):
-        for state in RecordingState.instances[-2:]:
+        for state in AdvanceWatch.instances[-2:]:
             assert state.cache.get_seq_length() == len(state.ids)
 
-    speculative_decode(edge, cloud, processor(clip(7)), DecodingConfig(k=5, max_new_tokens=20, threshold=2.0),
-                       masks, eos_ids, on_block)
+    result = speculative_decode(edge, cloud, processor(clip(7)),
+                                DecodingConfig(k=5, max_new_tokens=20, threshold=2.0), masks, eos_ids, on_block)
+    states = AdvanceWatch.instances[-2:]
+    assert {s.model for s in states} == {edge, cloud} and result.stats.cloud_calls > 0
+    for state in states:
+        grown = sum(n for s, n in writes if s is state)
+        assert grown >= len(state.ids) > len(state.prompt_ids)  # rollbacks make up the difference
 
 
 def test_F4_repetition_penalty_has_hf_semantics():
