@@ -73,29 +73,49 @@ def pick(scores: torch.Tensor, generator: torch.Generator | None,
     return token, max(h, 0.0), (probs if generator is not None else None)
 
 
-def propose(edge: ModelState, sequence: list[int], k: int, rules: DecodingRules,
-            generator: torch.Generator | None) -> Proposal:
-    """Draft up to k tokens after `sequence` (prompt + accepted answer). Each position is processed
-    with its own prefix (sequence + draft so far), exactly as the cloud will judge it. Drafting stops
-    early at a token that ends generation. The last draft token is not fed to the edge: it is
-    consumed with the next block's catch-up, whatever the verdict."""
-    tokens: list[int] = []
-    entropies: list[float] = []
-    probs: list[torch.Tensor] = []
-    logits = edge.logits_after(sequence)  # [V]
-    for i in range(k):
-        context = sequence + tokens
+class Drafting:
+    """One row's draft in progress, fed one edge logits row at a time: `step(logits)` picks the
+    next token and says which token the edge must consume before the next step (None: the draft
+    is complete). `propose` drives it for one ModelState; the batched loop drives one per row, the
+    edge's forwards shared (batch_loop.py)."""
+
+    def __init__(self, sequence: list[int], k: int, rules: DecodingRules, generator: torch.Generator | None) -> None:
+        self.sequence, self.k, self.rules, self.generator = sequence, k, rules, generator
+        self.tokens: list[int] = []
+        self.entropies: list[float] = []
+        self.probs: list[torch.Tensor] = []
+
+    def step(self, logits: torch.Tensor) -> int | None:
+        """Pick the token after sequence + draft from the edge's `logits` (V,). Each position is
+        processed with its own prefix, exactly as the cloud will judge it. Returns the token to
+        feed the edge for the next step, or None when the draft stops here (k tokens, or a token
+        that ends generation): the last draft token is not fed, it is consumed with the next
+        block's catch-up, whatever the verdict."""
+        rules, context = self.rules, self.sequence + self.tokens
         scores = rules.process_ids(context, logits)
         width = scores.shape[-1]
         changed = rules.changed_ids(context, width)
-        token, h, p = pick(scores, generator, () if changed is not None else rules.banned_parts(context, width),
+        token, h, p = pick(scores, self.generator, () if changed is not None else rules.banned_parts(context, width),
                            raw=logits if changed is not None else None, changed=changed)
-        tokens.append(token)
-        entropies.append(h)
+        self.tokens.append(token)
+        self.entropies.append(h)
         if p is not None:
-            probs.append(p)
-        if i == k - 1 or rules.stops(sequence + tokens):
-            break
-        logits = edge.advance([token])[-1]
-    loop = rules.shows_loop(sequence + tokens, len(sequence))
-    return Proposal(tokens, entropies, torch.stack(probs) if probs else None, loop)
+            self.probs.append(p)
+        if len(self.tokens) == self.k or rules.stops(self.sequence + self.tokens):
+            return None
+        return token
+
+    def proposal(self) -> Proposal:
+        loop = self.rules.shows_loop(self.sequence + self.tokens, len(self.sequence))
+        return Proposal(self.tokens, self.entropies, torch.stack(self.probs) if self.probs else None, loop)
+
+
+def propose(edge: ModelState, sequence: list[int], k: int, rules: DecodingRules,
+            generator: torch.Generator | None) -> Proposal:
+    """Draft up to k tokens after `sequence` (prompt + accepted answer), one edge forward per
+    token after the first (see Drafting)."""
+    drafting = Drafting(sequence, k, rules, generator)
+    feed = drafting.step(edge.logits_after(sequence))  # [V]
+    while feed is not None:
+        feed = drafting.step(edge.advance([feed])[-1])
+    return drafting.proposal()

@@ -201,11 +201,7 @@ def speculative_decode(
             cloud.rollback(keep)
 
         # 6. Extend the sequence token by token; the first token that ends generation ends it.
-        for token in new_tokens:
-            sequence.append(token)
-            if rules.stops(sequence):
-                done = True
-                break
+        done = extend(sequence, new_tokens, rules)
 
         # 7. Report.
         event.answer = sequence[prompt_len:]
@@ -216,7 +212,24 @@ def speculative_decode(
             on_block(event)
 
     stats.tokens = len(sequence) - prompt_len
-    stats.cloud_calls, stats.cloud_tokens = cloud.forwards, cloud.tokens_fed
-    stats.cloud_prefill_tokens, stats.cloud_work_forwards = cloud.prefill_tokens, cloud.all_forwards
-    stats.edge_forwards = edge.forwards
+    count_work(stats, edge, cloud)
     return DecodeResult(sequence[prompt_len:], stats, events)
+
+
+def extend(sequence: list[int], tokens: list[int], rules: DecodingRules) -> bool:
+    """Append `tokens` one by one; True (and no further token) at the first that ends generation."""
+    for token in tokens:
+        sequence.append(token)
+        if rules.stops(sequence):
+            return True
+    return False
+
+
+def count_work(stats: DecodeStats, edge, cloud) -> None:
+    """A clip's model work into its stats, from the work counters of its edge and cloud states
+    (ModelState, LocalCloud, a BatchState row: `forwards`, `tokens_fed`, `prefill_tokens`,
+    `all_forwards`; cloud None: it never ran for the clip)."""
+    if cloud is not None:
+        stats.cloud_calls, stats.cloud_tokens = cloud.forwards, cloud.tokens_fed
+        stats.cloud_prefill_tokens, stats.cloud_work_forwards = cloud.prefill_tokens, cloud.all_forwards
+    stats.edge_forwards = edge.forwards

@@ -1,0 +1,192 @@
+"""The speculative loop for many clips at once: continuous batching over `BatchState` rows.
+
+Each row is one clip doing exactly what `loop.speculative_decode` does for it, and every step
+below is that loop's step applied to all rows, with the models' forwards shared:
+
+    1. join: free rows take the next clips; the edge hears each now (a prefill of its own, inserted
+       into the edge's batch), the cloud only remembers it (lazy prefill)
+    2. every row drafts up to k tokens: one edge forward for all the rows' catch-ups, then one per
+       draft position for the rows still drafting (a row's draft ends at k or at a stop)
+    3. gate, per row
+    4. the escalated rows' drafts are scored in one cloud forward (a row the cloud has not heard
+       yet joins the cloud's batch with its lazy prefill: prompt, audio, answer and draft alone);
+       a rule decides, per row
+    5. each row's caches are cut back to its accepted prefix, the other rows untouched
+    6. each row's sequence is extended, its stop rules checked per token
+    7. one BlockEvent per row and block goes to the caller; a row that is done leaves both batches
+       and its result is yielded at once (so a short clip never waits for a long one)
+
+The per-row logic is the single-clip loop's own: `Drafting` (the drafter), `escalation_reason`,
+`TargetScores` + `judge` (the verifier), `extend`, `count_work`, the same `DecodingRules` per
+clip. Only the forwards are batched. Each row's tokens equal its batch-1 run's up to float
+rounding in the batched forwards (a near-tie can flip: tests/test_batch_loop.py); with sampling,
+each row has its own generator seeded as a batch-1 run, drawn in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from .acceptance import Verdict
+from .batch_state import BatchState
+from .config import DecodingConfig
+from .drafter import Drafting, Proposal
+from .loop import BlockEvent, DecodeResult, DecodeStats, block_uncertainty, count_work, escalation_reason, extend
+from .processors import DecodingRules, VocabMasks
+from .verifier import AcceptanceRule, TargetScores, judge
+
+
+@dataclass
+class _Clip:
+    """One row's clip in flight: what speculative_decode keeps in its locals."""
+
+    key: Hashable
+    inputs: Mapping[str, torch.Tensor]
+    rules: DecodingRules
+    sequence: list[int]                # prompt + accepted answer: the one sequence of record
+    prompt_len: int
+    generator: torch.Generator | None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    events: list[BlockEvent] = field(default_factory=list)
+
+    @property
+    def answer(self) -> list[int]:
+        return self.sequence[self.prompt_len:]
+
+
+def speculative_decode_batch(
+    edge_model: PreTrainedModel,
+    cloud_model: PreTrainedModel,
+    clips: Iterable[tuple[Hashable, Mapping[str, torch.Tensor]]],
+    cfg: DecodingConfig,
+    masks: VocabMasks,
+    eos_ids: list[int],
+    batch_size: int = 8,
+    lazy_prefill: bool = True,
+    acceptance: AcceptanceRule | None = None,
+    on_block: Callable[[Hashable, BlockEvent], None] | None = None,
+) -> Iterator[tuple[Hashable, DecodeResult]]:
+    """Decode `clips` ((key, thinker inputs) pairs, keys distinct), up to `batch_size` in flight;
+    yields (key, result) as each clip ends, in the order they end. A clip's inputs are read from
+    `clips` only when a row is free for it."""
+    assert batch_size >= 1, "batch_size must be at least 1"
+    edge, cloud = BatchState(edge_model, "edge"), BatchState(cloud_model, "cloud")
+    incoming = iter(clips)
+    rows: dict[Hashable, _Clip] = {}
+
+    while True:
+        # 1. Join: the edge hears each new clip now; the cloud keeps its inputs and hears it when first asked.
+        while len(rows) < batch_size and (nxt := next(incoming, None)) is not None:
+            key, inputs = nxt
+            edge.join(key, inputs)
+            if not lazy_prefill:
+                cloud.join(key, inputs)
+            prompt_len = len(edge[key])
+            rows[key] = _Clip(key, inputs, DecodingRules.build(cfg, masks, prompt_len, eos_ids),
+                              list(edge[key].ids), prompt_len,
+                              torch.Generator().manual_seed(cfg.seed) if cfg.sample else None)
+        if not rows:
+            return
+
+        # 2. Draft up to k tokens per row, never past max_new_tokens.
+        proposals = _draft_all(edge, rows, cfg)
+
+        # 3. Gate.
+        reasons = {key: escalation_reason(cfg, proposals[key], row.answer) for key, row in rows.items()}
+
+        # 4. Verify the escalated rows: one cloud forward for the rows it holds, a lazy prefill for the others.
+        verdicts = _verify_all(cloud, {key: rows[key] for key in rows if reasons[key]}, proposals, acceptance)
+
+        finished = []
+        for key, row in rows.items():
+            proposal, reason = proposals[key], reasons[key]
+            event = BlockEvent(len(row.events), proposal.tokens, proposal.entropies,
+                               block_uncertainty(proposal.entropies, cfg.uncertainty), bool(reason), reason,
+                               accepted=len(proposal.tokens))
+            new_tokens = list(proposal.tokens)
+            if reason:
+                verdict, fed, prefilled = verdicts[key]
+                new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
+                event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
+                event.cloud_tokens, event.cloud_prefill_tokens = fed, prefilled
+
+                # 5. Roll this row back to its accepted prefix in both batches (the edge may hold less already).
+                keep = len(row.sequence) + verdict.accepted
+                edge.rollback(key, min(len(edge[key]), keep))
+                cloud.rollback(key, min(len(cloud[key]), keep))
+
+            # 6. Extend the row's sequence; the first token that ends generation ends it.
+            done = extend(row.sequence, new_tokens, row.rules)
+
+            # 7. Report.
+            event.answer, event.done = row.answer, done
+            row.stats.observe(event)
+            row.events.append(event)
+            if on_block is not None:
+                on_block(key, event)
+            if done:
+                finished.append(key)
+
+        for key in finished:
+            row = rows.pop(key)
+            row.stats.tokens = len(row.answer)
+            count_work(row.stats, edge.leave(key), cloud.leave(key) if key in cloud else None)
+            yield key, DecodeResult(row.answer, row.stats, row.events)
+
+
+def _draft_all(edge: BatchState, rows: dict[Hashable, _Clip], cfg: DecodingConfig) -> dict[Hashable, Proposal]:
+    """Every row's proposal (drafter.propose per row, the edge's forwards shared): first the
+    catch-up (the tokens each row's edge has not consumed, in one forward; a row with none reads the
+    logits it kept), then one forward per draft position for the rows still drafting."""
+    drafts = {key: Drafting(row.sequence, min(cfg.k, row.prompt_len + cfg.max_new_tokens - len(row.sequence)),
+                            row.rules, row.generator) for key, row in rows.items()}
+    catch_up = {key: edge[key].pending(row.sequence) for key, row in rows.items()}
+    logits = {key: edge[key].last_logits for key, pending in catch_up.items() if not pending}
+    assert all(v is not None for v in logits.values()), "edge has no logits for a row's first draft position"
+    fed = edge.advance({key: pending for key, pending in catch_up.items() if pending},
+                       keep={key: 1 for key in rows})
+    logits.update({key: rows_[-1] for key, rows_ in fed.items()})
+    while logits:
+        feed = {}
+        for key, row_logits in logits.items():
+            token = drafts[key].step(row_logits)
+            if token is not None:
+                feed[key] = [token]
+        logits = {key: rows_[-1] for key, rows_ in edge.advance(feed).items()}
+    return {key: d.proposal() for key, d in drafts.items()}
+
+
+def _verify_all(cloud: BatchState, rows: dict[Hashable, _Clip], proposals: dict[Hashable, Proposal],
+                acceptance: AcceptanceRule | None) -> dict[Hashable, tuple[Verdict, int, int]]:
+    """Per escalated row: (verdict, tokens fed after the prompt, prompt tokens run), as
+    LocalCloud.verify (verifier.score_draft + judge) gives them for one clip. Lazy catch-up as
+    there: a row's tokens accepted without the cloud go in the same forward as its draft; a row
+    the cloud has not heard joins with prompt + answer + draft in a forward of its own."""
+    scored: dict[Hashable, torch.Tensor] = {}   # key -> [k+1, V] raw rows, row j scoring draft[j]
+    before = {key: (cloud[key].tokens_fed, cloud[key].prefill_tokens) if key in cloud else (0, 0) for key in rows}
+    feed, keep, head = {}, {}, {}
+    for key, row in rows.items():
+        draft = proposals[key].tokens
+        if key not in cloud:  # the lazy prefill, alone (see BatchState.join)
+            scored[key] = cloud.join(key, row.inputs, row.sequence + draft, keep=len(draft) + 1)
+            continue
+        pending = cloud[key].pending(row.sequence)
+        if pending:  # the last k+1 rows: row j predicts the token after pending[-1] + draft[:j]
+            feed[key], keep[key] = pending + draft, len(draft) + 1
+        else:        # the kept logits predict draft[0]
+            assert cloud[key].last_logits is not None, "cloud has no logits for the first draft position"
+            feed[key], keep[key], head[key] = draft, len(draft), cloud[key].last_logits[None]
+    for key, got in cloud.advance(feed, keep).items():
+        scored[key] = torch.cat([head[key], got]) if key in head else got
+    verdicts = {}
+    for key, row in rows.items():
+        proposal = proposals[key]
+        scores = TargetScores(row.rules, row.sequence, proposal.tokens, scored[key])
+        fed0, prefill0 = before[key]
+        verdicts[key] = (judge(proposal, scores, row.generator, acceptance),
+                         cloud[key].tokens_fed - fed0, cloud[key].prefill_tokens - prefill0)
+    return verdicts
