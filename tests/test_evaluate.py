@@ -9,13 +9,13 @@ import math
 import pytest
 import soundfile as sf
 import torch
-import typer
+from cli_helpers import run_specdec
 from conftest import clip
 from typer.testing import CliRunner
 
+from specdec_cli.cli import app
 from specdec_cli.decoding import DecodingConfig
 from specdec_cli.errors import InputError
-from specdec_cli.eval_command import eval_command
 from specdec_cli.evaluate import (
     EvalMode,
     LabelledClip,
@@ -247,25 +247,21 @@ def tiny_pair(tmp_path_factory, edge, cloud, processor):
     return root
 
 
-def _app() -> typer.Typer:
-    # The real CLI registers the command the same way; a second command keeps Typer in
-    # multi-command mode so the invocation reads `eval DIR ...`.
-    app = typer.Typer()
-    app.command("eval")(eval_command)
-    app.command("noop")(lambda: None)
-    return app
+def _args(pair_dir, *args: str) -> list[str]:
+    return ["eval", str(pair_dir / "clips"), "--edge", str(pair_dir / "edge"), "--cloud", str(pair_dir / "cloud"),
+            "--max-new-tokens", "12", *args]
 
 
 def _invoke(pair_dir, *args: str):
-    base = ["eval", str(pair_dir / "clips"), "--edge", str(pair_dir / "edge"), "--cloud", str(pair_dir / "cloud"),
-            "--max-new-tokens", "12"]
-    return CliRunner().invoke(_app(), [*base, *args])
+    """The real `specdec` app (specdec_cli.cli.app), in this process."""
+    return CliRunner().invoke(app, _args(pair_dir, *args))
 
 
 def test_eval_end_to_end(tiny_pair, tmp_path):
+    """As a real `specdec` process (the installed console script)."""
     report = tmp_path / "out" / "report.json"
-    result = _invoke(tiny_pair, "--report", str(report), "--cloud-rtt-ms", "20", "--json")
-    assert result.exit_code == 0, result.output + repr(result.exception)
+    result = run_specdec(*_args(tiny_pair, "--report", str(report), "--cloud-rtt-ms", "20", "--json"), timeout=600)
+    assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert report.is_file() and report.with_suffix(".md").is_file()
     assert json.loads(report.read_text(encoding="utf-8"))["modes"] == data["modes"]
@@ -313,13 +309,18 @@ def test_eval_sweep_and_plot(tiny_pair, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_eval_bad_input_is_an_input_error(tiny_pair, tmp_path):
-    result = _invoke(tiny_pair, "--modes", "edge,turbo")
-    assert isinstance(result.exception, InputError) and result.exception.exit_code == 2
-    result = _invoke(tiny_pair, "--labels", str(tmp_path / "none.jsonl"))
-    assert isinstance(result.exception, InputError) and "labels file not found" in result.exception.message
-    result = _invoke(tiny_pair, "--report", str(tmp_path / "r.md"), "--modes", "edge")
-    assert isinstance(result.exception, InputError)
+@pytest.mark.parametrize(("args", "message"), [
+    (["--modes", "edge,turbo"], "error: unknown mode(s) turbo; choose from edge,cloud,fluent,quality,always"),
+    (["--labels", "{tmp}/none.jsonl"], "error: labels file not found: {tmp}/none.jsonl"),
+    (["--report", "{tmp}/r.md", "--modes", "edge"],
+     "error: --report {tmp}/r.md must not end in .md: the Markdown version is written beside it"),
+], ids=["mode", "labels", "report"])
+def test_eval_bad_input_is_one_line_and_exit_2(tiny_pair, tmp_path, args, message):
+    """What the real command gives: one line on stderr, exit 2, nothing on stdout, no traceback."""
+    result = _invoke(tiny_pair, *(a.format(tmp=tmp_path) for a in args))
+    assert result.exit_code == 2
+    assert result.stderr == message.format(tmp=tmp_path) + "\n" and result.stdout == ""
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_modelled_latency_is_never_slept(tiny_pair):
