@@ -11,6 +11,7 @@ import torch
 from conftest import clip, make_thinker
 
 from specdec_cli.decoding import DecodingConfig, generate_baseline, speculative_decode
+from specdec_cli.decoding.processors import DecodingRules
 
 SEEDS = range(20)
 KS = (1, 2, 3, 5, 8)
@@ -61,10 +62,60 @@ def test_unrelated_pair_rejects_most_drafts(unrelated):
     assert any(r[0].tokens != r[3].tokens for r in runs)  # cloud and edge really disagree
 
 
-def test_spec_uses_fewer_cloud_forwards_than_tokens_when_drafts_are_long(unrelated):
-    _, runs = unrelated
-    for always, cloud_only, _, _ in runs:
-        assert always.stats.cloud_calls <= cloud_only.stats.cloud_calls + 1
+def _edge_rows(edge, inputs, answer: list[int]) -> torch.Tensor:
+    """The edge's logits after each prefix of `answer` (row j: after answer[:j]), from one uncached
+    forward over prompt + answer: the independent oracle for what the edge predicts."""
+    ids = torch.cat([inputs["input_ids"], torch.tensor([answer], dtype=torch.long)], dim=1)
+    kwargs = dict(inputs, input_ids=ids, attention_mask=torch.ones_like(ids))
+    edge.model.rope_deltas = None
+    with torch.inference_mode():
+        logits = edge(**kwargs, use_cache=False).logits[0]
+    return logits[inputs["input_ids"].shape[1] - 1:].float()
+
+
+def _replayed_blocks(edge, inputs, cfg, masks, eos_ids, cloud_tokens: list[int], events) -> int:
+    """How many cloud calls verify=always must make: walk the cloud's greedy answer (HF generate);
+    at each position the edge drafts greedily (checked row by row against an uncached forward,
+    under the same rules), the cloud keeps the longest prefix equal to its own answer and adds
+    its next token. Returns the number of blocks, i.e. of cloud calls."""
+    prompt = inputs["input_ids"][0].tolist()
+    rules = DecodingRules.build(cfg, masks, len(prompt), eos_ids)
+    pos = blocks = 0
+    while pos < len(cloud_tokens):
+        budget = min(cfg.k, cfg.max_new_tokens - pos)
+        draft = events[blocks].draft  # what the loop drafted here; every token is checked below
+        rows = _edge_rows(edge, inputs, cloud_tokens[:pos] + draft)[pos:]
+        for j, token in enumerate(draft):
+            context = prompt + cloud_tokens[:pos] + draft[:j]
+            assert token == int(rules.process_ids(context, rows[j]).argmax()), (blocks, j)
+            ends = j + 1 == budget or rules.stops(context + [token])
+            assert ends == (j + 1 == len(draft)), (blocks, j)  # drafts stop at k or at the end
+        kept = 0
+        while kept < len(draft) and pos + kept < len(cloud_tokens) and draft[kept] == cloud_tokens[pos + kept]:
+            kept += 1
+        assert events[blocks].accepted == kept
+        pos += kept + 1
+        blocks += 1
+    return blocks
+
+
+def test_spec_cloud_calls_match_a_replay_of_greedy_drafts_against_cloud_generate(edge, processor, masks, eos_ids,
+                                                                                  unrelated):
+    """The number of cloud calls verify=always makes is what a replay from independent oracles
+    predicts (edge drafts from uncached forwards, the cloud's answer from HF generate): one per
+    block, a block ending at the first draft token the cloud's answer disagrees with."""
+    constraints, runs = unrelated
+    audio = edge.config.audio_token_id  # an uncached forward would take it for audio (rules off only)
+    checked = 0
+    for seed, (always, cloud_only, _, _) in zip(SEEDS, runs, strict=True):
+        if checked == 8 or audio in cloud_only.tokens or any(audio in e.draft for e in always.events):
+            continue
+        checked += 1
+        inputs = processor(clip(seed, 0.6 + 0.1 * (seed % 4)))
+        cfg = DecodingConfig(k=KS[seed % len(KS)], max_new_tokens=24, constraints=constraints)
+        blocks = _replayed_blocks(edge, inputs, cfg, masks, eos_ids, cloud_only.tokens, always.events)
+        assert always.stats.cloud_calls == blocks == len(always.events)
+    assert checked == 8
 
 
 def test_constraints_change_the_output_somewhere(edge, cloud, processor, masks, eos_ids, unrelated):
