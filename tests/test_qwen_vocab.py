@@ -76,13 +76,15 @@ def _reference_facts(texts: list[str], control: set[int]) -> dict:
     from specdec_cli.decoding.vocab import NO, char_kind
 
     out = {"cjk": [], "fffd": [], "punct": [], "first": [], "last": [], "mark_pos": [], "mark_after": [],
-           "mark_gap": [], "end_pos": [], "end_then_text": [], "adjacent": [], "control": []}
+           "mark_gap": [], "end_pos": [], "end_then_text": [], "triple": [], "lead_run": [], "tail_run": [],
+           "uniform": [], "control": []}
     for i, text in enumerate(texts):
         row = dict(cjk="", fffd=False, punct=False, first=NO, last=NO, mark_pos=NO, mark_after=NO, mark_gap=1000,
-                   end_pos=NO, end_then_text=False, adjacent=False, control=i in control)
+                   end_pos=NO, end_then_text=False, triple=False, lead_run=0, tail_run=0, uniform=False,
+                   control=i in control)
         if text and i not in control:
             row["first"], row["last"], row["fffd"] = ord(text[0]), ord(text[-1]), "\ufffd" in text
-            chars, since, marks, prev = [], 0, 0, ""
+            chars, since, marks = [], 0, 0
             for ch in text:
                 kind = char_kind(ch)
                 if row["end_pos"] != NO and not ch.isspace():
@@ -90,7 +92,6 @@ def _reference_facts(texts: list[str], control: set[int]) -> dict:
                 if kind == "cjk":
                     chars.append(ch)
                     since += 1
-                    row["adjacent"] |= ch == prev
                 elif kind == "mark":
                     if marks:
                         row["mark_gap"] = min(row["mark_gap"], since)
@@ -101,10 +102,16 @@ def _reference_facts(texts: list[str], control: set[int]) -> dict:
                 elif kind == "end" and row["end_pos"] == NO:
                     row["end_pos"] = len(chars)
                 row["punct"] |= kind in ("mark", "end", "neutral")
-                prev = ch
             if marks:
                 row["mark_after"] = since
             row["cjk"] = "".join(chars)
+            lead = len(text) - len(text.lstrip(text[0]))
+            tail = len(text) - len(text.rstrip(text[-1]))
+            row["lead_run"] = lead if char_kind(text[0]) == "cjk" else 0
+            row["tail_run"] = tail if char_kind(text[-1]) == "cjk" else 0
+            row["uniform"] = row["lead_run"] == len(text)
+            row["triple"] = any(text[j] * 3 == text[j:j + 3] and char_kind(text[j]) == "cjk"
+                                for j in range(len(text) - 2))
         for key, value in row.items():
             out[key].append(value)
     return out
@@ -124,4 +131,5 @@ def test_token_facts_equal_the_plain_per_character_computation(qwen_tokenizer):
         got = list(got) if isinstance(got, list) else got.tolist()
         bad = [i for i, (a, b) in enumerate(zip(got, values, strict=True)) if a != b]
         assert bad == [], (key, bad[:5], [texts[i] for i in bad[:5]])
-    assert sum(bool(c) for c in facts.cjk) > 20000 and facts.end_then_text.sum() > 0 and facts.adjacent.sum() > 0
+    assert sum(bool(c) for c in facts.cjk) > 20000 and facts.end_then_text.sum() > 0 and facts.triple.sum() > 0
+    assert facts.uniform.sum() > 3000 and (facts.lead_run >= 2).sum() > 100

@@ -27,6 +27,9 @@ PREFIXES = [
     "情绪，情绪情",
     "语速适中，音调适中，音量",
     "说话人在地方的地方",
+    "说话慢慢",
+    "说话断断续续，慢",
+    "说话慢吞",
     "这是男声，声音低沉，声",
     "说话人是男声，语速较慢，音调偏低，音量较小，停顿较多，整体情绪低",
     "ok no ok",
@@ -61,8 +64,8 @@ def brute_banned(prefix: str, token: str) -> bool:
         kind = _kind(ch)
         new = j >= start
         if kind == "cjk":
-            if new and j > 0 and text[j - 1] == ch:
-                return True                                      # 紧邻同字
+            if new and j > 1 and text[j - 1] == ch == text[j - 2]:
+                return True                                      # 紧邻同字: three side by side
             stream += ch
             since += 1
             gram = stream[-N:]

@@ -161,7 +161,7 @@ def test_F4_repetition_penalty_has_hf_semantics():
     proc = ContentRepetitionPenalty(1.2, prompt_len=2, masks=TOY_MASKS)
     scores = torch.zeros(1, len(TOY))
     scores[0, ID["说"]], scores[0, ID["话"]], scores[0, ID["人"]] = 3.0, -2.0, 1.0
-    out = proc(ids("说", "话"), scores)
+    out = proc(ids("说", "话", "，"), scores)  # (after 说/话 alone, 话 would be a doubling: not penalised)
     assert out[0, ID["说"]] == pytest.approx(2.5)
     assert out[0, ID["话"]] == pytest.approx(-2.4)   # more negative, not less
     assert out[0, ID["人"]] == 1.0                    # not in history: untouched

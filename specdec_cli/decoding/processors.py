@@ -13,12 +13,14 @@ which the demo pair's tokenizer reproduces:
   stripped: a token is banned when any character it adds would complete a 4-gram the stream
   already holds (HF's `NoRepeatNGramLogitsProcessor` rule, F5, applied to characters instead of
   ids; HF's own works on ids, which on Qwen bans the second 适中 of 音调适中，音量适中).
-* 紧邻同字: a CJK character may not repeat the character literally before it (女声，声音 is fine).
+* 紧邻同字: a CJK character may double (慢慢, 断断续续, 慢吞吞: reduplication is how Chinese describes
+  a voice) but never stand three times in a row (慢慢慢); a mark between is fine (女声，声音).
 * punctuation gate (F8): a mark only after 4 CJK characters since the last one; a sentence end only
   once the answer holds 12 CJK characters, and that is also when a sentence end stops generation.
 * never emitted: special and markup tokens other than the end-of-turn ids, partial UTF-8 tokens,
   a sentence end with text after it in one token, rows past the tokenizer.
-* repetition penalty: HF's semantics (F4) on the answer's CJK content *tokens* (F9).
+* repetition penalty: HF's semantics (F4) on the answer's CJK content *tokens* (F9), except the
+  token that would double the single character just written (the second 慢 of 慢/慢).
 
 Why n=4 and 12 characters, and what the penalty does to 音 in 音调/音量/音色: README, "The engine".
 
@@ -94,6 +96,8 @@ class AnswerState:
     content: tuple[int, ...] = ()  # distinct CJK content token ids, in order of first use
     stop: bool = False            # the last token ends the sentence with enough characters before it
     loop: bool = False            # the last token completes a tandem repeat (chars or ids)
+    run: int = 0                  # how many times `last` (when CJK) stands side by side at the end
+    double: int = NO              # the id a doubling would repeat: the last token, a lone CJK character
     cache: dict = field(default_factory=dict)
 
     def then(self, token: int, path: list[int], facts: TokenFacts, index: RuleIndex) -> AnswerState:
@@ -101,12 +105,19 @@ class AnswerState:
         n = index.n
         if token >= index.n_text:  # a row past the tokenizer (only with the rules off)
             return AnswerState(self.stream, self.since_mark, self.last, self.grams, self.internal, self.content,
-                               loop=_id_tandem(path))
+                               loop=_id_tandem(path, 1), run=self.run, double=self.double)
         chars = facts.cjk[token]
         stream = self.stream + chars
         mark_after = int(facts.mark_after[token])
         since = mark_after if mark_after != NO else self.since_mark + len(chars)
-        last = int(facts.last[token]) if facts.last[token] != NO else self.last
+        last, run = self.last, self.run
+        if facts.last[token] != NO:
+            last = int(facts.last[token])
+            tail = int(facts.tail_run[token])
+            run = self.run + tail if facts.uniform[token] and facts.first[token] == self.last else tail
+        # A lone CJK character written once: the token that doubles it is reduplication, which the
+        # repetition penalty leaves alone (慢/慢; 慢/慢/慢 is banned outright by 紧邻同字).
+        double = token if run == 1 and facts.uniform[token] and len(chars) == 1 else NO
         grams, internal = self.grams, self.internal
         if chars and len(stream) >= n:
             start = max(len(self.stream) - n + 1, 0)
@@ -121,8 +132,12 @@ class AnswerState:
             content = (*content, token)
         end = int(facts.end_pos[token])
         stop = end != NO and len(self.stream) + end >= index.stop_min
-        loop = _char_tandem(stream, len(self.stream)) or _id_tandem(path)
-        return AnswerState(stream, since, last, grams, internal, content, stop, loop)
+        # A unit of one token is a loop for tokens without CJK (ok ok); for CJK tokens it is a
+        # doubling (轻/轻) that 紧邻同字 lets stand once, and a repeated word of two or more
+        # characters (较快较快) is a character tandem already.
+        pure_cjk = bool(chars) and not facts.punct[token]
+        loop = _char_tandem(stream, len(self.stream)) or _id_tandem(path, 2 if pure_cjk else 1)
+        return AnswerState(stream, since, last, grams, internal, content, stop, loop, run, double)
 
 
 def _char_tandem(stream: str, new_from: int) -> bool:
@@ -137,12 +152,12 @@ def _char_tandem(stream: str, new_from: int) -> bool:
     return False
 
 
-def _id_tandem(path: list[int]) -> bool:
-    """A tandem repeat of token ids (unit >= 1 token) ending at the last id: ABAB loops of tokens
-    that hold no CJK character (Latin, digits), which the character rules cannot see."""
+def _id_tandem(path: list[int], min_unit: int) -> bool:
+    """A tandem repeat of token ids (unit >= min_unit tokens) ending at the last id: ABAB loops of
+    tokens that hold no CJK character (Latin, digits), which the character rules cannot see."""
     e = len(path) - 1
     last = path[e] if path else None
-    for u in range(1, (e + 1) // 2 + 1):
+    for u in range(min_unit, (e + 1) // 2 + 1):
         if path[e - u] == last and path[e - 2 * u + 1:e - u + 1] == path[e - u + 1:e + 1]:
             return True
     return False
@@ -259,7 +274,8 @@ class ContentRepetitionPenalty(CharRule):
         return state.content
 
     def _ids(self, state: AnswerState) -> np.ndarray:
-        return _cached(state, "content", lambda: np.array(state.content, np.int64))
+        """The penalised ids: the content history, less the one a doubling would repeat."""
+        return _cached(state, "content", lambda: np.array([t for t in state.content if t != state.double], np.int64))
 
     def apply_np(self, state: AnswerState, view: np.ndarray) -> None:
         """The penalty on a numpy view of a CPU row. numpy's float32 ops with a Python scalar round
@@ -342,14 +358,17 @@ class ContentNoRepeatNGram(CharRule):
 
 
 class NoImmediateRepeat(CharRule):
-    """紧邻同字: a token may not start with the CJK character the answer ends with (`音色音色`,
-    `真想真想` at the seam; inside a token, NeverEmit). A mark between is fine: 女声，声音.
+    """紧邻同字: no CJK character three times side by side. A character may double (慢慢, 断断续续,
+    慢吞吞: reduplication), so after one 慢 the tokens starting with 慢慢 are banned, after 慢慢 every
+    token starting with 慢 (at the seam; inside a token, NeverEmit). A mark between is fine: 女声，声音.
     Hand-written: HF has no rule about characters."""
 
     def banned(self, state: AnswerState, width: int) -> np.ndarray:
         if state.last == NO or not is_cjk(chr(state.last)):
             return _EMPTY
-        return self.tracker.index.first_char(state.last)
+        if state.run >= 2:
+            return self.tracker.index.first_char(state.last)
+        return self.tracker.index.first_doubled(state.last)
 
 
 class PunctuationGate(CharRule):

@@ -76,7 +76,11 @@ class TokenFacts:
     mark_gap:   fewest CJK characters between two marks inside the token (large when < 2 marks)
     end_pos:    CJK characters before the first sentence end (NO when none)
     end_then_text: a visible character follows the first sentence end (`。（`, `。“`, `。，`)
-    adjacent:   two identical CJK characters side by side inside the token (`慢慢`)
+    triple:     three identical CJK characters side by side inside the token (`哈哈哈`)
+    lead_run:   how many times the first character repeats at the token's start when it is CJK
+                (`慢慢的` 2, `慢` 1), else 0
+    tail_run:   the same for the last character at the token's end (`说话慢慢` 2), else 0
+    uniform:    the token is one CJK character, once or repeated (`慢`, `慢慢`)
     """
 
     cjk: list[str]
@@ -90,7 +94,10 @@ class TokenFacts:
     mark_gap: np.ndarray
     end_pos: np.ndarray
     end_then_text: np.ndarray
-    adjacent: np.ndarray
+    triple: np.ndarray
+    lead_run: np.ndarray
+    tail_run: np.ndarray
+    uniform: np.ndarray
     key: str = ""  # the tokenizer's content hash when built for one (names the disk caches)
     _indexes: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -111,7 +118,10 @@ class TokenFacts:
         mark_gap = np.full(n, 1000, np.int16)
         end_pos = np.full(n, NO, np.int16)
         end_then = np.zeros(n, bool)
-        adjacent = np.zeros(n, bool)
+        triple = np.zeros(n, bool)
+        lead_run = np.zeros(n, np.int16)
+        tail_run = np.zeros(n, np.int16)
+        uniform = np.zeros(n, bool)
         # Each distinct character is classified once (a vocabulary has ~10k of them in ~1M
         # characters), and the tokens holding a character a rule looks at (CJK, punctuation,
         # U+FFFD: a third of a BPE vocabulary) are found by a set test per token; the rest (Latin,
@@ -134,15 +144,15 @@ class TokenFacts:
                 # Half the walked tokens are CJK and nothing else (说话, 较快): no marks, no end,
                 # no punctuation; only 紧邻同字 needs a look inside.
                 cjk[i] = text
-                adjacent[i] = any(a == b for a, b in zip(text, text[1:], strict=False))
+                lead_run[i], tail_run[i], triple[i] = _runs(text)
+                uniform[i] = lead_run[i] == len(text)
                 continue
             chars: list[str] = []
             since = 0          # CJK chars since the last mark (or the token start)
             marks = 0
-            prev = ""
             end = mpos = NO
             gap = 1000
-            after_end = adj = has_punct = False
+            after_end = has_punct = False
             for ch in text:
                 kind = kinds[ch]
                 if end != NO and not ch.isspace():
@@ -150,7 +160,6 @@ class TokenFacts:
                 if kind == "cjk":
                     chars.append(ch)
                     since += 1
-                    adj |= ch == prev
                 elif kind == "mark":
                     if marks:
                         gap = min(gap, since)
@@ -161,14 +170,18 @@ class TokenFacts:
                 elif kind == "end" and end == NO:
                     end = len(chars)
                 has_punct |= kind in ("mark", "end", "neutral")
-                prev = ch
             fffd[i] = "\ufffd" in text
-            punct[i], adjacent[i], end_then[i] = has_punct, adj, after_end
+            punct[i], end_then[i] = has_punct, after_end
+            if chars:
+                lead, tail, triple[i] = _runs(text)
+                lead_run[i] = lead if kinds[text[0]] == "cjk" else 0
+                tail_run[i] = tail if kinds[text[-1]] == "cjk" else 0
             mark_pos[i], mark_gap[i], end_pos[i] = mpos, gap, end
             if marks:
                 mark_after[i] = since
             cjk[i] = "".join(chars)
-        return cls(cjk, ctrl, fffd, punct, first, last, mark_pos, mark_after, mark_gap, end_pos, end_then, adjacent)
+        return cls(cjk, ctrl, fffd, punct, first, last, mark_pos, mark_after, mark_gap, end_pos, end_then, triple,
+                   lead_run, tail_run, uniform)
 
     def index(self, n: int, comma_min: int, stop_min: int) -> RuleIndex:
         """The lookup structures for these rule parameters, built once per parameter set."""
@@ -184,6 +197,19 @@ class TokenFacts:
                     _store(path, index)
             self._indexes[key] = index
         return self._indexes[key]
+
+
+def _runs(text: str) -> tuple[int, int, bool]:
+    """(identical characters at the start, at the end, whether three identical CJK characters stand
+    side by side anywhere) of a token's text."""
+    lead = 1
+    while lead < len(text) and text[lead] == text[0]:
+        lead += 1
+    tail = 1
+    while tail < len(text) and text[-1 - tail] == text[-1]:
+        tail += 1
+    triple = any(a == b == c and is_cjk(a) for a, b, c in zip(text, text[1:], text[2:], strict=False))
+    return lead, tail, triple
 
 
 def _has_repeat(s: str, n: int) -> bool:
@@ -223,7 +249,7 @@ class RuleIndex:
         self.n_text = len(facts)
         cjk = facts.cjk
         internal = np.array([len(c) >= n and _has_repeat(c, n) for c in cjk], bool)
-        static = (facts.control | facts.fffd | facts.end_then_text | facts.adjacent | internal
+        static = (facts.control | facts.fffd | facts.end_then_text | facts.triple | internal
                   | (facts.mark_gap < comma_min))
         self.static = np.flatnonzero(static).astype(np.int64)
         ok = ~static
@@ -251,11 +277,16 @@ class RuleIndex:
                     triggers.setdefault(t, []).append(i)
         self.triggers = {t: np.array(ids, np.int64) for t, ids in triggers.items()}
 
-        # Tokens by their first character (紧邻同字 looks up the answer's last character).
+        # Tokens by their first character, and those starting with it doubled (紧邻同字 looks up
+        # the answer's last character: after 慢慢 every token starting with 慢, after 慢 those
+        # starting with 慢慢).
         starts = [i for i in with_cjk if is_cjk(chr(facts.first[i]))]
         starts.sort(key=lambda i: facts.first[i])
         self.first_keys = facts.first[starts].astype(np.int64)
         self.first_ids = np.array(starts, np.int64)
+        doubled = [i for i in starts if facts.lead_run[i] >= 2]
+        self.double_keys = facts.first[doubled].astype(np.int64)
+        self.double_ids = np.array(doubled, np.int64)
 
         # Punctuation gate: comma_gate[s] = tokens whose first mark would come after fewer than
         # comma_min characters when s characters already follow the last mark; end_gate[t] = tokens
@@ -290,6 +321,10 @@ class RuleIndex:
     def first_char(self, code: int) -> np.ndarray:
         lo, hi = np.searchsorted(self.first_keys, [code, code + 1])
         return self.first_ids[lo:hi]
+
+    def first_doubled(self, code: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.double_keys, [code, code + 1])
+        return self.double_ids[lo:hi]
 
 
 # -- building facts for a tokenizer, with caches ---------------------------------------------------
