@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import cloud_only_measured, measured
+from cli_helpers import run_specdec
 from transformers import AutoTokenizer
 
 from specdec_cli.demo.corpus import BUCKETS
@@ -27,10 +27,24 @@ def test_bundled_pair_uses_the_qwen_style_tokenizer(model):
     assert bundled.get_vocab() == v2.get_vocab()
 
 
-def test_report_meets_the_bar_per_length_bucket_and_on_noise():
-    """Issue 11's bar, read from the report `python -m specdec_cli.demo.evaluate_pair` wrote for the
-    bundled pair (its schema: accuracy[bucket][attribute | "mean"], bucket "all" = every clean clip)."""
+@pytest.fixture(scope="module")
+def bundled_pair():
+    from specdec_cli.models import load_pair
+
+    return load_pair(None, None)
+
+
+def test_report_meets_the_bar_and_describes_the_bundled_models(bundled_pair):
+    """Issue 11's bar, as `python -m specdec_cli.demo.evaluate_pair` measured it on 600 held-out
+    clips (too long to rerun here: its schema is accuracy[bucket][attribute | "mean"], bucket "all"
+    = every clean clip), and a check that the report is about the models shipped beside it: their
+    parameter counts, counted now, are the ones it states."""
     report = json.loads((MODELS / "report.json").read_text(encoding="utf-8"))
+    for name, model in (("edge", bundled_pair.edge), ("cloud", bundled_pair.cloud)):
+        total = sum(p.numel() for p in model.parameters())
+        vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+        assert report["models"][name]["params"]["total"] == total, name
+        assert report["models"][name]["params"]["no_vision"] == total - vision, name
     cloud, edge = report["models"]["cloud"], report["models"]["edge"]
     acc = cloud["accuracy"]
     assert acc["all"]["mean"] >= 0.95
@@ -45,19 +59,41 @@ def test_report_meets_the_bar_per_length_bucket_and_on_noise():
     assert report["entropy_curve"]["top_decile_rate"] > 0 and (ratio is None or ratio >= 5)
 
 
+@pytest.fixture(scope="module")
+def samples_eval() -> dict:
+    """`specdec eval` on the bundled samples with the shipped presets, as a real process (~15 s)."""
+    result = run_specdec("eval", str(ROOT / "samples"), "--modes", "edge,cloud,fluent,quality", "--json",
+                         timeout=600)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_shipped_presets_meet_the_bar_on_the_samples(samples_eval):
+    """The bar the presets were chosen for (quality within about a point of cloud-only at <= 0.15
+    cloud calls per token, fluent cheaper; `specdec calibrate` measured it on its check half), run
+    now on the 9 bundled samples: 54 labelled attributes, so one wrong attribute is 1.85 points.
+    Measured when written: cloud 1.000, quality 0.981 at 0.140 calls/token, fluent 0.926 at 0.118,
+    edge 0.778."""
+    rows = {m["mode"]: m for m in samples_eval["modes"]}
+    assert samples_eval["clips"] == 9 and all(m["errors"] == 0 for m in rows.values())
+    assert rows["cloud"]["mean_accuracy"] >= 0.95
+    assert rows["edge"]["mean_accuracy"] <= rows["cloud"]["mean_accuracy"] - 0.05
+    assert rows["quality"]["mean_accuracy"] >= rows["cloud"]["mean_accuracy"] - 2 / 54 - 1e-9
+    assert rows["quality"]["cloud_call_rate"] <= 0.15
+    assert rows["fluent"]["cloud_call_rate"] <= rows["quality"]["cloud_call_rate"]
+    assert rows["fluent"]["mean_accuracy"] >= rows["cloud"]["mean_accuracy"] - 0.1
+
+
 def test_samples_include_ordinary_sentence_lengths():
+    """The spoken sentences of the samples have ordinary lengths (at least two of 15-30 characters),
+    and the labels file describes the clips shipped beside it: each clip decodes to the duration
+    its label states."""
+    import soundfile as sf
+
     rows = [json.loads(x) for x in (ROOT / "samples" / "labels.jsonl").read_text(encoding="utf-8").splitlines()]
     lengths = [sum("\u4e00" <= c <= "\u9fff" for c in row["sentence"]) for row in rows]
     assert 8 <= len(rows) <= 10
     assert sum(15 <= n <= 30 for n in lengths) >= 2
-
-
-def test_shipped_presets_meet_the_bar_on_the_check_half():
-    """quality within 1 point of cloud-only at <= 0.15 cloud calls per token, fluent cheaper: as
-    measured by `specdec calibrate` on the check half (clips the choice never saw)."""
-    text = (MODELS / "edge" / "specdec_presets.toml").read_text(encoding="utf-8")
-    cloud_check = cloud_only_measured(text)[1]
-    check = {name: measured(text)[f"{name}/check"] for name in ("quality", "fluent")}
-    assert check["quality"][0] >= cloud_check - 1.0
-    assert check["quality"][1] <= 0.15
-    assert check["fluent"][1] <= check["quality"][1]
+    for row in rows:
+        info = sf.info(str(ROOT / "samples" / row["file"]))
+        assert abs(info.frames / info.samplerate - row["seconds"]) < 0.01, row["file"]
