@@ -123,3 +123,22 @@ def test_last_row_leaving_empties_the_batch(edge, clips):
     assert len(state) == 0 and state.cache is None
     logits = state.join("b", clips["b"])
     check_row(edge, state, "b", clips["b"], logits)
+
+
+@pytest.mark.parametrize("which", ["edge", "cloud"])
+def test_rows_joining_together_match_their_own_full_forward(which, request, clips):
+    """Several clips' prefills in one forward (right-padded prompts, audio through the tower
+    together), one with answer tokens after its prompt (a lazy prefill), then a shared step."""
+    model = request.getfixturevalue(which)
+    state = BatchState(model, which)
+    state.join("a", clips["a"])
+    got = state.join_many({"b": (clips["b"], None, 1),
+                           "c": (clips["c"], state_prompt(model, clips["c"]) + [40, 41, 42], 3),
+                           "d": (clips["d"], None, 1)})
+    assert [got[k].shape[0] for k in "bcd"] == [1, 3, 1]
+    for key in "bcd":
+        check_row(model, state, key, clips[key], got[key])
+    assert state["c"].tokens_fed == 3 and state["c"].prefill_tokens == len(state_prompt(model, clips["c"]))
+    got = state.advance({key: [43] for key in "abcd"})
+    for key in "abcd":
+        check_row(model, state, key, clips[key], got[key])

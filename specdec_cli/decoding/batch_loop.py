@@ -3,14 +3,14 @@
 Each row is one clip doing exactly what `loop.speculative_decode` does for it, and every step
 below is that loop's step applied to all rows, with the models' forwards shared:
 
-    1. join: free rows take the next clips; the edge hears each now (a prefill of its own, inserted
-       into the edge's batch), the cloud only remembers it (lazy prefill)
+    1. join: free rows take the next clips; the edge hears them now (each clip's prefill in a
+       forward of its own, inserted into the edge's batch), the cloud only remembers them (lazy prefill)
     2. every row drafts up to k tokens: one edge forward for all the rows' catch-ups, then one per
        draft position for the rows still drafting (a row's draft ends at k or at a stop)
     3. gate, per row
-    4. the escalated rows' drafts are scored in one cloud forward (a row the cloud has not heard
-       yet joins the cloud's batch with its lazy prefill: prompt, audio, answer and draft alone);
-       a rule decides, per row
+    4. the escalated rows' drafts are scored in one cloud forward (a row the cloud has not heard yet
+       joins its batch with its lazy prefill: prompt, audio, answer and draft in a forward of its
+       own); a rule decides, per row
     5. each row's caches are cut back to its accepted prefix, the other rows untouched
     6. each row's sequence is extended, its stop rules checked per token
     7. one BlockEvent per row and block goes to the caller; a row that is done leaves both batches
@@ -35,7 +35,15 @@ from .acceptance import Verdict
 from .batch_state import BatchState
 from .config import DecodingConfig
 from .drafter import Drafting, Proposal
-from .loop import BlockEvent, DecodeResult, DecodeStats, block_uncertainty, count_work, escalation_reason, extend
+from .loop import (
+    BlockEvent,
+    DecodeResult,
+    DecodeStats,
+    block_uncertainty,
+    count_work,
+    escalation_reason,
+    extend,
+)
 from .processors import DecodingRules, VocabMasks
 from .verifier import AcceptanceRule, TargetScores, judge
 
@@ -69,10 +77,17 @@ def speculative_decode_batch(
     lazy_prefill: bool = True,
     acceptance: AcceptanceRule | None = None,
     on_block: Callable[[Hashable, BlockEvent], None] | None = None,
+    batch_prefill: bool = False,
 ) -> Iterator[tuple[Hashable, DecodeResult]]:
     """Decode `clips` ((key, thinker inputs) pairs, keys distinct), up to `batch_size` in flight;
     yields (key, result) as each clip ends, in the order they end. A clip's inputs are read from
-    `clips` only when a row is free for it."""
+    `clips` only when a row is free for it.
+
+    `batch_prefill`: the clips joining a model's batch at one step run their prefills in one
+    padded forward (BatchState.join_many) instead of one forward each (the default). On 2 CPU
+    cores the prefill is compute-bound (prompts of 100-450 tokens, the audio tower over ~1000 mel
+    frames): 8 joins one by one cost the demo cloud 297 ms of CPU, together 399-578 ms (padding);
+    on a GPU, where a forward's cost is mostly its launch, together should win: measure."""
     assert batch_size >= 1, "batch_size must be at least 1"
     edge, cloud = BatchState(edge_model, "edge"), BatchState(cloud_model, "cloud")
     incoming = iter(clips)
@@ -80,11 +95,14 @@ def speculative_decode_batch(
 
     while True:
         # 1. Join: the edge hears each new clip now; the cloud keeps its inputs and hears it when first asked.
-        while len(rows) < batch_size and (nxt := next(incoming, None)) is not None:
-            key, inputs = nxt
-            edge.join(key, inputs)
+        joining = {}
+        while len(rows) + len(joining) < batch_size and (nxt := next(incoming, None)) is not None:
+            joining[nxt[0]] = (nxt[1], None, 1)
+        if joining:
+            _join(edge, joining, batch_prefill)
             if not lazy_prefill:
-                cloud.join(key, inputs)
+                _join(cloud, joining, batch_prefill)
+        for key, (inputs, _, _) in joining.items():
             prompt_len = len(edge[key])
             rows[key] = _Clip(key, inputs, DecodingRules.build(cfg, masks, prompt_len, eos_ids),
                               list(edge[key].ids), prompt_len,
@@ -99,7 +117,8 @@ def speculative_decode_batch(
         reasons = {key: escalation_reason(cfg, proposals[key], row.answer) for key, row in rows.items()}
 
         # 4. Verify the escalated rows: one cloud forward for the rows it holds, a lazy prefill for the others.
-        verdicts = _verify_all(cloud, {key: rows[key] for key in rows if reasons[key]}, proposals, acceptance)
+        verdicts = _verify_all(cloud, {key: rows[key] for key in rows if reasons[key]}, proposals, acceptance,
+                               batch_prefill)
 
         finished = []
         for key, row in rows.items():
@@ -138,6 +157,13 @@ def speculative_decode_batch(
             yield key, DecodeResult(row.answer, row.stats, row.events)
 
 
+def _join(state: BatchState, joining: dict[Hashable, tuple], together: bool) -> dict[Hashable, torch.Tensor]:
+    """Rows join `state`: in one forward (`together`), or each in a forward of its own."""
+    if together or len(joining) <= 1:
+        return state.join_many(joining) if joining else {}
+    return {key: state.join(key, *join) for key, join in joining.items()}
+
+
 def _draft_all(edge: BatchState, rows: dict[Hashable, _Clip], cfg: DecodingConfig) -> dict[Hashable, Proposal]:
     """Every row's proposal (drafter.propose per row, the edge's forwards shared): first the
     catch-up (the tokens each row's edge has not consumed, in one forward; a row with none reads the
@@ -161,18 +187,18 @@ def _draft_all(edge: BatchState, rows: dict[Hashable, _Clip], cfg: DecodingConfi
 
 
 def _verify_all(cloud: BatchState, rows: dict[Hashable, _Clip], proposals: dict[Hashable, Proposal],
-                acceptance: AcceptanceRule | None) -> dict[Hashable, tuple[Verdict, int, int]]:
+                acceptance: AcceptanceRule | None, batch_prefill: bool) -> dict[Hashable, tuple[Verdict, int, int]]:
     """Per escalated row: (verdict, tokens fed after the prompt, prompt tokens run), as
     LocalCloud.verify (verifier.score_draft + judge) gives them for one clip. Lazy catch-up as
     there: a row's tokens accepted without the cloud go in the same forward as its draft; a row
-    the cloud has not heard joins with prompt + answer + draft in a forward of its own."""
+    the cloud has not heard joins with prompt + answer + draft (see `_join`)."""
     scored: dict[Hashable, torch.Tensor] = {}   # key -> [k+1, V] raw rows, row j scoring draft[j]
     before = {key: (cloud[key].tokens_fed, cloud[key].prefill_tokens) if key in cloud else (0, 0) for key in rows}
-    feed, keep, head = {}, {}, {}
+    feed, keep, head, joining = {}, {}, {}, {}
     for key, row in rows.items():
         draft = proposals[key].tokens
-        if key not in cloud:  # the lazy prefill, alone (see BatchState.join)
-            scored[key] = cloud.join(key, row.inputs, row.sequence + draft, keep=len(draft) + 1)
+        if key not in cloud:  # the lazy prefill (prompt, audio, answer, draft) as the row joins
+            joining[key] = (row.inputs, row.sequence + draft, len(draft) + 1)
             continue
         pending = cloud[key].pending(row.sequence)
         if pending:  # the last k+1 rows: row j predicts the token after pending[-1] + draft[:j]
@@ -180,6 +206,7 @@ def _verify_all(cloud: BatchState, rows: dict[Hashable, _Clip], proposals: dict[
         else:        # the kept logits predict draft[0]
             assert cloud[key].last_logits is not None, "cloud has no logits for the first draft position"
             feed[key], keep[key], head[key] = draft, len(draft), cloud[key].last_logits[None]
+    scored.update(_join(cloud, joining, batch_prefill))
     for key, got in cloud.advance(feed, keep).items():
         scored[key] = torch.cat([head[key], got]) if key in head else got
     verdicts = {}

@@ -60,8 +60,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from .state import ModelState
-
 
 @dataclass
 class Row:
@@ -120,6 +118,10 @@ class BatchState:
         self.rows: dict[Hashable, Row] = {}
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L]: column holds a token
         self._mrope = hasattr(getattr(model, "model", None), "get_rope_index")
+        cfg = getattr(model, "config", None)
+        # Token ids the thinker replaces by audio/image/video features (see ModelState).
+        self._placeholders = {getattr(cfg, a) for a in ("audio_token_id", "image_token_id", "video_token_id")
+                              if isinstance(getattr(cfg, a, None), int)}
 
     def __len__(self) -> int:
         return len(self.order)
@@ -137,38 +139,117 @@ class BatchState:
 
     # -- the ways the state changes -------------------------------------------------------------
 
-    @torch.inference_mode()
     def join(self, key: Hashable, inputs: Mapping[str, torch.Tensor], tokens: Sequence[int] | None = None,
              keep: int = 1) -> torch.Tensor:
-        """Add a row: run its prompt (+ `tokens` after the prompt, which must start with it; the
-        prompt alone when None) at batch 1 and insert its cache. [keep, V] logits, as
-        ModelState.advance returns them."""
-        assert key not in self.rows, f"{self.name}: row {key!r} is in the batch already"
-        single = ModelState(self.model, f"{self.name}[{key}]")
-        single.start(inputs)
-        logits = single.advance(single.prompt_ids if tokens is None else tokens, keep=keep)
-        layers = single.cache.layers
-        assert all(type(layer) is DynamicLayer for layer in layers), (
-            f"{self.name}: only full-attention caches can be batched (a sliding window drops columns)")
-        n = len(single.ids)
-        if self.cache is None:
-            self.cache = single.cache
-            self.valid = torch.ones(1, n, dtype=torch.bool, device=self.device)
-        else:
-            width = max(self.width, n)
-            self._pad_columns(width)
-            for mine, theirs in zip(self.cache.layers, layers, strict=True):
-                mine.keys = torch.cat([mine.keys, _pad_seq(theirs.keys, width)])
-                mine.values = torch.cat([mine.values, _pad_seq(theirs.values, width)])
-            row_valid = torch.zeros(1, width, dtype=torch.bool, device=self.device)
-            row_valid[0, :n] = True
-            self.valid = torch.cat([self.valid, row_valid])
-        self.order.append(key)
-        self.rows[key] = Row(list(single.ids), list(range(n)), list(single.prompt_ids), single._delta,
-                             single.last_logits, single.prefill_tokens, single.forwards, single.tokens_fed,
-                             single.all_forwards, name=f"{self.name}[{key}]")
-        self._check()
+        """Add one row: `join_many` of one."""
+        return self.join_many({key: (inputs, tokens, keep)})[key]
+
+    @torch.inference_mode()
+    def join_many(self, joins: Mapping[Hashable, tuple[Mapping[str, torch.Tensor], Sequence[int] | None, int]]
+                  ) -> dict[Hashable, torch.Tensor]:
+        """Add rows, key -> (thinker inputs, tokens, keep): each row's prompt (with its audio) and
+        the tokens after it (`tokens` must start with the prompt; the prompt alone when None) run in
+        one forward of their own, the joining rows right-padded to the longest, their audio through
+        the audio tower together; the new cache rows are then inserted. Per row, [keep, V] logits
+        for its last `keep` tokens, as ModelState.advance returns them."""
+        plan: dict[Hashable, tuple[list[int], list[int], int]] = {}  # key -> (prompt, tokens, keep)
+        after: dict[Hashable, tuple[list[int], int]] = {}            # key -> (extra, keep) fed afterwards
+        for key, (inputs, tokens, keep) in joins.items():
+            assert key not in self.rows and key not in plan, f"{self.name}: row {key!r} is in the batch already"
+            prompt = inputs["input_ids"][0].tolist()  # input_ids: [1, P]
+            assert inputs["input_ids"].shape[0] == 1, "one clip per row"
+            tokens = prompt if tokens is None else [int(t) for t in tokens]
+            assert tokens[:len(prompt)] == prompt, f"{self.name}: a joining row must start with its prompt"
+            extra = tokens[len(prompt):]
+            assert 0 < keep <= len(tokens), f"{self.name}: cannot keep {keep} of {len(tokens)} rows"
+            if self._placeholders.intersection(extra):
+                # An answer token equal to a placeholder id (rules off only) would be taken for audio in
+                # the prompt's forward: the prompt joins alone, the rest follows (as ModelState does).
+                plan[key] = (prompt, prompt, max(1, keep - len(extra)))
+                after[key] = (extra, keep)
+            else:
+                plan[key] = (prompt, tokens, keep)
+        logits = self._prefill(plan, joins)
+        for key, (extra, keep) in after.items():
+            tail = self.advance({key: extra}, {key: min(keep, len(extra))})[key]
+            logits[key] = torch.cat([logits[key], tail])[-keep:]
         return logits
+
+    def _prefill(self, plan: Mapping[Hashable, tuple[list[int], list[int], int]],
+                 joins: Mapping[Hashable, tuple]) -> dict[Hashable, torch.Tensor]:
+        """The joining rows' forward, as ModelState._first_forward does it for one row: M-RoPE
+        positions from `get_rope_index` over each row's tokens (rope_deltas per row), audio
+        features of all rows stacked (their valid frames are what the audio tower reads)."""
+        keys = list(plan)
+        j = len(keys)
+        longest = max(len(plan[key][1]) for key in keys)
+        input_ids = torch.full((j, longest), self.pad_id, dtype=torch.long)  # [J, P]: right-padded
+        mask = torch.zeros(j, longest, dtype=torch.long)                        # [J, P]
+        positions = torch.zeros(3, j, longest, dtype=torch.long)                # [3, J, P]
+        deltas = [0] * j
+        for i, key in enumerate(keys):
+            tokens = plan[key][1]
+            n = len(tokens)
+            input_ids[i, :n] = torch.tensor(tokens)
+            mask[i, :n] = 1
+            if self._mrope:
+                fmask = joins[key][0].get("feature_attention_mask")
+                pos, delta = self.model.model.get_rope_index(
+                    input_ids[i:i + 1, :n].to(self.device), None, None, mask[i:i + 1, :n].to(self.device), False,
+                    fmask.sum(-1) if fmask is not None else None, None)
+                positions[:, i, :n] = pos[:, 0].cpu()
+                positions[:, i, n:] = pos[:, 0, -1:].cpu() + torch.arange(1, longest - n + 1)  # padding: never read
+                deltas[i] = int(delta.view(-1)[0])
+            else:
+                positions[:, i] = torch.arange(longest)
+        kwargs: dict = dict(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))
+        kwargs["position_ids"] = positions.to(self.device) if self._mrope else positions[0].to(self.device)
+        feats = [joins[key][0].get("input_features") for key in keys]
+        if any(f is not None for f in feats):
+            assert all(f is not None for f in feats), f"{self.name}: joining rows must all have audio or none"
+            frames = max(f.shape[-1] for f in feats)
+            kwargs["input_features"] = torch.cat([_pad_last(f, frames) for f in feats])  # [J, mels, T]
+            kwargs["feature_attention_mask"] = torch.cat(
+                [_pad_last(joins[key][0]["feature_attention_mask"], frames) for key in keys])  # [J, T]
+        want_rows, want_cols, spans = [], [], {}
+        for i, key in enumerate(keys):
+            n, keep = len(plan[key][1]), plan[key][2]
+            spans[key] = (len(want_rows), keep)
+            want_rows.extend([i] * keep)
+            want_cols.extend(range(n - keep, n))
+        rows_t, cols_t = torch.tensor(want_rows, device=self.device), torch.tensor(want_cols, device=self.device)
+        cache = DynamicCache()
+        with _logits_at(self.model, rows_t, cols_t) as hooked:
+            out = self.model(**kwargs, past_key_values=cache, use_cache=True)
+        logits = (out.logits[0] if hooked else out.logits[rows_t, cols_t]).float().cpu()  # [M, V]
+        assert all(type(layer) is DynamicLayer for layer in cache.layers), (
+            f"{self.name}: only full-attention caches can be batched (a sliding window drops columns)")
+        self._insert(cache, mask.bool().to(self.device))
+        result = {}
+        for i, key in enumerate(keys):
+            prompt, tokens, _ = plan[key]
+            at, keep = spans[key]
+            result[key] = logits[at:at + keep]
+            extra = len(tokens) - len(prompt)
+            self.order.append(key)
+            self.rows[key] = Row(list(tokens), list(range(len(tokens))), prompt, deltas[i], result[key][-1],
+                                 prefill_tokens=len(prompt), forwards=int(extra > 0), tokens_fed=extra,
+                                 all_forwards=1, name=f"{self.name}[{key}]")
+        self._tidy()
+        self._check()
+        return result
+
+    def _insert(self, cache: DynamicCache, valid: torch.Tensor) -> None:
+        """Append the rows of `cache` ([J, H, P, D] per layer; `valid` [J, P]) to the batch."""
+        if self.cache is None:
+            self.cache, self.valid = cache, valid
+            return
+        width = max(self.width, valid.shape[1])
+        self._pad_columns(width)
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([mine.keys, _pad_seq(theirs.keys, width)])
+            mine.values = torch.cat([mine.values, _pad_seq(theirs.values, width)])
+        self.valid = torch.cat([self.valid, _pad_last(valid, width)])
 
     @torch.inference_mode()
     def advance(self, feed: Mapping[Hashable, Sequence[int]],
@@ -311,6 +392,12 @@ class BatchState:
             row = self.rows[key]
             assert count == len(row.slots) == len(row.ids), (
                 f"{row.name}: cache holds {count} positions but {len(row.ids)} tokens")
+
+
+def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
+    """`t` zero-padded (False-padded) on its last axis to `width`."""
+    extra = width - t.shape[-1]
+    return torch.nn.functional.pad(t, (0, extra)) if extra > 0 else t
 
 
 def _pad_seq(t: torch.Tensor, width: int) -> torch.Tensor:
