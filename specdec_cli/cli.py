@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from . import __version__, models, ui
 from .audio import audio_suffixes, check_path, load_audio
 from .batch import ResultsFile, dumps_record, find_audio, pending, run_batch
+from .batched import batched_describe_all
 from .calibrate import calibrate_command
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
@@ -36,8 +37,10 @@ from .run_settings import RunSettings
 if TYPE_CHECKING:
     import numpy as np
 
+    from .batch import DescribeAll
     from .models import ModelPair
     from .pipeline import Description
+    from .scale.ray_batch import RayOptions, WorkerEvent
 
 PLOT_HINT = "plotting needs matplotlib: pip install 'specdec[plot]'"
 
@@ -135,7 +138,8 @@ SeedOpt = Annotated[int | None, typer.Option(help="Random seed for --sample.", s
 _M = "Models"
 EdgeOpt = Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
                                              show_default=False, rich_help_panel=_M)]
-CloudOpt = Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id (default: bundled demo cloud).",
+CloudOpt = Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id, or http://HOST:PORT of a "
+                                              "`specdec serve` (default: bundled demo cloud).",
                                               show_default=False, rich_help_panel=_M)]
 DeviceOpt = Annotated[str, typer.Option(help="Torch device for both models.", rich_help_panel=_M)]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.", rich_help_panel=_M)]
@@ -202,6 +206,11 @@ def run_settings(flags: Flags) -> tuple[DecodingConfig, str | None, RunSettings]
     if edge is None or cloud is None:
         demo_edge, demo_cloud = demo_pair()
         edge, cloud = edge or demo_edge, cloud or demo_cloud
+    if models.is_url(cloud):
+        # The server says which model it hosts (CloudUnreachable, exit 2, when it is down).
+        client = models.remote_client(cloud)
+        client.close()
+        return cfg, name, RunSettings.of(cfg, name, edge, client.model_id, flags.dtype, client.fingerprint)
     return cfg, name, RunSettings.of(cfg, name, edge, cloud, flags.dtype)
 
 
@@ -219,8 +228,10 @@ def _quiet_libraries() -> None:
 class Session:
     """The loaded pair and the resolved settings; turns a clip into a result record."""
 
-    def __init__(self, flags: Flags, err: Console) -> None:
-        self.cfg, self.preset, self.settings = run_settings(flags)  # a bad preset fails before loading
+    def __init__(self, flags: Flags, err: Console,
+                 resolved: tuple[DecodingConfig, str | None, RunSettings] | None = None) -> None:
+        # `resolved`: run_settings(flags) as another process found them (a Ray driver's; see worker_session)
+        self.cfg, self.preset, self.settings = resolved or run_settings(flags)  # a bad preset fails before loading
         with err.status("loading models…") if err.is_terminal else nullcontext():
             self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype)
         models.one_thread_if_tiny(self.pair)
@@ -229,9 +240,9 @@ class Session:
 
         self.describer = Describer(self.pair)
 
-    def load(self, path: Path) -> np.ndarray:
+    def load(self, path: Path, data: bytes | None = None) -> np.ndarray:
         p = self.pair.processor
-        return load_audio(path, p.sampling_rate, p.max_seconds)
+        return load_audio(path, p.sampling_rate, p.max_seconds, data)
 
     def _extra(self) -> dict[str, Any]:
         return {"edge": self.pair.edge_id, "cloud": self.pair.cloud_id, "settings": self.settings.as_record()}
@@ -239,18 +250,36 @@ class Session:
     def record(self, file: str, audio: np.ndarray, desc: Description) -> dict[str, Any]:
         extra = self._extra()
         extra["audio_s"] = round(len(audio) / self.pair.processor.sampling_rate, 3)
+        if self.pair.remote is not None and desc.link is not None:
+            # Counted at this end of the link: bytes up and down, round trips, time waiting.
+            extra.update(desc.link.as_record(), cloud_url=self.pair.remote.url)
         if self.rtt_ms is not None:
             extra["cloud_rtt_ms"] = self.rtt_ms
             extra["latency_modelled_s"] = modelled_latency(desc.latency_s, self.cfg.mode,
                                                            desc.result.stats.cloud_calls, self.rtt_ms)
         return build_record(file, desc.text, desc.result, self.cfg, self.preset, desc.latency_s, None, **extra)
 
-    def describe_file(self, path: Path) -> dict[str, Any]:
-        audio = self.load(path)
+    def describe_file(self, path: Path, data: bytes | None = None) -> dict[str, Any]:
+        """`data`: the clip's bytes when they were read elsewhere (`path` then only names it)."""
+        audio = self.load(path, data)
         return self.record(str(path), audio, self.describer.run(audio, self.cfg))
 
     def error_record(self, path: Path, message: str) -> dict[str, Any]:
         return build_record(str(path), None, None, self.cfg, self.preset, None, message, **self._extra())
+
+
+def worker_session(flags: Flags, resolved: tuple[DecodingConfig, str | None, RunSettings],
+                   threads: int | None) -> Session:
+    """The Session a Ray worker holds (scale/ray_batch.py): the driver's flags and the settings it
+    resolved, so every worker decodes as the driver would (and never re-reads a presets file its node
+    may lack); `threads`: the driver's --threads."""
+    _quiet_libraries()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        models.threads_pinned = True
+    return Session(flags, _stderr(), resolved)
 
 
 def _stderr() -> Console:
@@ -355,6 +384,29 @@ def _print_record(record: dict[str, Any], json_out: bool) -> None:
     sys.stdout.flush()
 
 
+# Measured on the bundled pair, 2 CPU cores (README, "specdec batch --batch-size").
+DEFAULT_BATCH_SIZE = 8
+BatchSizeOpt = Annotated[int, typer.Option(
+    "--batch-size", min=1, help="Clips decoded together in one forward per model (spec mode in this process; "
+    "edge/cloud modes and a remote cloud go one at a time). Records are written as each clip ends.")]
+
+_R = "Ray (many processes or machines)"
+RayOpt = Annotated[str | None, typer.Option(
+    "--ray", metavar="auto|ADDRESS", help="Spread the clips over Ray workers, each loading the pair once: auto starts "
+    "a Ray on this machine for this run; ADDRESS joins a running cluster (what `ray start --head` prints). "
+    "Needs pip install 'specdec\\[ray]'.",  # the backslash keeps Rich from reading [ray] as markup
+    show_default=False, rich_help_panel=_R)]
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", min=1, help="Ray workers (default: one per CPU, or per --gpus-per-worker GPUs, of the cluster).",
+    show_default=False, rich_help_panel=_R)]
+GpusOpt = Annotated[float, typer.Option(
+    "--gpus-per-worker", min=0, help="GPUs Ray gives each worker (with --device cuda).", rich_help_panel=_R)]
+ShipAudioOpt = Annotated[bool | None, typer.Option(
+    "--ship-audio/--shared-path", help="Who reads the clips: this process, sending their bytes to the workers "
+    "(default with an ADDRESS), or the workers, from DIR at the same path on every node (default with auto).",
+    show_default=False, rich_help_panel=_R)]
+
+
 @app.command()
 def batch(
     directory: Annotated[Path, typer.Argument(help="Folder of audio files.", show_default=False)],
@@ -379,6 +431,11 @@ def batch(
     dtype: DtypeOpt = "float32",
     presets_file: PresetsFileOpt = None,
     cloud_rtt_ms: RttOpt = None,
+    ray: RayOpt = None,
+    workers: WorkersOpt = None,
+    gpus_per_worker: GpusOpt = 0.0,
+    ship_audio: ShipAudioOpt = None,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
 
@@ -390,6 +447,7 @@ def batch(
     flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
                    max_new_tokens=max_new_tokens, sample=sample, seed=seed)
+    ray_options = _ray_options(ray, workers, gpus_per_worker, ship_audio, device)
     err = _stderr()
     with ResultsFile(out, run_settings(flags)[2], overwrite) as results:
         if results.backup is not None:
@@ -399,7 +457,7 @@ def batch(
         if not todo:
             err.print(ui.batch_summary(0, 0, skipped, str(out)))
             return
-        session = Session(flags, err)
+        session = Session(flags, err) if ray_options is None else None  # a Ray driver loads no model
         with ui.batch_progress(err, disable=not err.is_terminal) as progress:
             task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing",
                                      total=len(todo))
@@ -410,11 +468,64 @@ def batch(
                     progress.console.print(f"failed: {path}: {record['error']}", markup=False, style="yellow",
                                            soft_wrap=True)  # one line per file, even in a log
 
-            summary = run_batch(files, results, session.describe_file, session.error_record, on_done)
+            if session is not None:
+                summary = run_batch(files, results, session.describe_file, session.error_record, on_done,
+                                    describe_all=batched_describe_all(session, batch_size))
+            else:
+                assert ray_options is not None
+                summary = run_batch(files, results, None, None, on_done,
+                                    describe_all=_ray_describe_all(ray_options, flags, progress.console))
     err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, str(out)))
     if summary.failed:
         raise SpecdecError(f"{summary.failed} of {len(files)} files failed; their records in {out} say why "
                            "(rerun to retry them)")
+
+
+def _ray_options(ray: str | None, workers: int | None, gpus_per_worker: float, ship_audio: bool | None,
+                 device: str) -> RayOptions | None:
+    """The Ray options, checked before anything is opened or loaded; None without --ray."""
+    if ray is None:
+        if workers is not None or gpus_per_worker or ship_audio is not None:
+            raise InputError("--workers, --gpus-per-worker, --ship-audio and --shared-path go with --ray; "
+                             "add --ray auto (or --ray ADDRESS)")
+        return None
+    from .scale.ray_batch import RayOptions, require_ray
+
+    require_ray()  # the install hint, exit 2
+    if not ray.strip():
+        raise InputError("--ray needs auto or a cluster address (e.g. 10.0.0.5:6379 or ray://10.0.0.5:10001)")
+    if gpus_per_worker and device == "cpu":
+        raise InputError(f"--gpus-per-worker {gpus_per_worker:g} gives each worker GPUs, but the models would "
+                         "stay on the CPU: add --device cuda")
+    return RayOptions(ray.strip(), workers, gpus_per_worker, ship_audio)
+
+
+def _ray_describe_all(options: RayOptions, flags: Flags, console: Console) -> DescribeAll:
+    """run_batch's describe_all over Ray workers, each holding a worker_session of these flags."""
+    from functools import partial
+
+    from .scale.ray_batch import describe_all
+
+    resolved = run_settings(flags)
+    settings = resolved[2]
+    # Model folders by absolute path (a worker's current directory need not be ours); the bundled
+    # demo pair (None) is each worker's own copy.
+    worker_flags = replace(flags, edge=settings.edge if flags.edge else None,
+                           cloud=settings.cloud if flags.cloud else None)
+    threads = None
+    if models.threads_pinned:
+        import torch
+
+        threads = torch.get_num_threads()
+
+    def on_event(event: WorkerEvent) -> None:
+        where = f" (pid {event.pid} on {event.host})" if event.pid is not None else ""
+        if event.kind != "ready":
+            console.print(f"ray: worker {event.index + 1} {event.kind}{where}"
+                          f"{': ' + event.detail if event.detail else ''}", markup=False, style="yellow",
+                          soft_wrap=True)
+
+    return describe_all(options, partial(worker_session, worker_flags, resolved, threads), on_event)
 
 
 @app.command("presets")
@@ -430,6 +541,37 @@ def presets_command(
         sys.stdout.write(dumps_record(data) + "\n")
         return
     Console(highlight=False).print(ui.presets_table(merged, load_presets(None)))
+
+
+@app.command()
+def serve(
+    cloud: Annotated[str | None, typer.Option(help="Cloud model to host: folder or Hub id (default: bundled demo cloud).",
+                                              show_default=False)] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on. Anything but loopback needs a token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one; the start line says which).")] = 8765,
+    device: Annotated[str, typer.Option(help="Torch device for the cloud model.")] = "cpu",
+    dtype: DtypeOpt = "float32",
+    max_sessions: Annotated[int, typer.Option(min=1, help="Open sessions (one per clip in flight) before the least "
+                                              "recently used idle one is closed.")] = 64,
+    session_ttl: Annotated[float, typer.Option(min=0.001, help="Seconds an idle session stays open.")] = 300.0,
+    token_file: Annotated[Path | None, typer.Option(help="Bearer tokens, one per line; every request must carry one "
+                                                    "(default: $SPECDEC_TOKEN, else none).", show_default=False)] = None,
+) -> None:
+    """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT`."""
+    from .remote import server
+
+    dtype_name(dtype)
+    tokens = server.read_tokens(str(token_file) if token_file is not None else None, os.environ.get("SPECDEC_TOKEN"))
+    server.check_bind(host, tokens)  # before loading a model
+    err = _stderr()
+    with err.status("loading the cloud model…") if err.is_terminal else nullcontext():
+        hosted = server.load_hosted(cloud or demo_pair()[1], device, dtype)
+
+    def announce(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    server.serve(hosted, host, port, server.ServeOptions(max_sessions, session_ttl, tokens), announce)
+    sys.stderr.write("specdec serve: stopped\n")
 
 
 app.command("eval")(eval_command)

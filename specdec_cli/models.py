@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from .decoding import VocabMasks
     from .processor import AudioTextProcessor
+    from .remote.client import RemoteClient
 
 DEMO_DIR = Path(__file__).parent / "demo" / "models"
 PRESETS_FILE = "specdec_presets.toml"
@@ -131,12 +132,13 @@ def same_tokenizer_files(a: str, b: str) -> bool:
 @dataclass
 class ModelPair:
     edge: PreTrainedModel
-    cloud: PreTrainedModel
+    cloud: PreTrainedModel | None      # None when the cloud is remote
     processor: AudioTextProcessor
     masks: VocabMasks
     eos_ids: list[int]
     edge_id: str
-    cloud_id: str
+    cloud_id: str                      # a remote cloud: the model its server reports
+    remote: RemoteClient | None = None  # --cloud http://…: the server hosting the cloud
 
     @property
     def tokenizer(self):
@@ -169,6 +171,8 @@ def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "
         demo_edge, demo_cloud = demo_pair()
         edge, cloud = edge or demo_edge, cloud or demo_cloud
     processor = load_processor(edge)
+    if is_url(cloud):
+        return _remote_pair(edge, cloud, processor, device, dtype)
     cloud_tok = processor.tokenizer if same_tokenizer_files(edge, cloud) else load_processor(cloud).tokenizer
     if cloud_tok is not processor.tokenizer and not same_tokenizer(processor.tokenizer, cloud_tok):
         raise ModelError(f"edge {edge!r} and cloud {cloud!r} have different tokenizers "
@@ -182,6 +186,39 @@ def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "
     return ModelPair(edge_model, cloud_model, processor, masks, eos_ids_for(processor.tokenizer), edge, cloud)
 
 
+def is_url(cloud: str | None) -> bool:
+    """--cloud http://HOST:PORT: the cloud runs on a `specdec serve` server."""
+    return bool(cloud) and cloud.lower().startswith(("http://", "https://"))
+
+
+def remote_client(url: str) -> RemoteClient:
+    """A client for the server at `url`, its identity read (/health): CloudUnreachable if down."""
+    from .remote.client import RemoteClient
+
+    client = RemoteClient(url)
+    client.health()
+    return client
+
+
+def _remote_pair(edge: str, url: str, processor: AudioTextProcessor, device: str, dtype: str) -> ModelPair:
+    """The edge here, the cloud on a server: same tokenizer (by fingerprint), the rules' masks at
+    the cloud's vocabulary width as the server reports it."""
+    from .decoding.processors import VocabMasks as Masks
+    from .remote.wire import tokenizer_fingerprint
+
+    client = remote_client(url)
+    info = client.info
+    if info.get("tokenizer") != tokenizer_fingerprint(processor.tokenizer):
+        raise ModelError(f"the cloud at {url} ({info.get('model')}) has another tokenizer than edge {edge!r}; "
+                         "pick a pair from one family")
+    if int(info.get("rate", processor.sampling_rate)) != processor.sampling_rate:
+        raise ModelError(f"the cloud at {url} hears {info.get('rate')} Hz, the edge {processor.sampling_rate} Hz")
+    edge_model = load_model(edge, device, dtype)
+    masks = Masks.for_tokenizer(processor.tokenizer, int(info["vocab"]))
+    return ModelPair(edge_model, None, processor, masks, eos_ids_for(processor.tokenizer), edge,
+                     client.model_id, remote=client)
+
+
 # Set by `specdec --threads N`: the user's choice, which `one_thread_if_tiny` leaves alone.
 threads_pinned = False
 TINY_PARAMS = 20_000_000
@@ -191,9 +228,10 @@ def one_thread_if_tiny(pair: ModelPair) -> None:
     """One torch thread when both models are tiny and on the CPU (the demo pair: 0.2M + 2.3M parameters).
     Their matmuls are a few thousand multiply-adds, less work than waking and joining a pool of
     threads, which on a busy machine also wait for cores; measured in the README's start-up note."""
-    if threads_pinned or pair.edge.device.type != "cpu" or pair.cloud.device.type != "cpu":
+    local = [m for m in (pair.edge, pair.cloud) if m is not None]
+    if threads_pinned or any(m.device.type != "cpu" for m in local):
         return
-    if sum(p.numel() for m in (pair.edge, pair.cloud) for p in m.parameters()) <= TINY_PARAMS:
+    if sum(p.numel() for m in local for p in m.parameters()) <= TINY_PARAMS:
         import torch
 
         torch.set_num_threads(1)

@@ -36,10 +36,15 @@ class RunSettings:
     cloud: str
     dtype: str
     version: str
+    # A remote cloud (--cloud URL) is known by the model its server reports and a fingerprint of
+    # its weights, so resuming compares models, not addresses; None for an in-process cloud.
+    cloud_weights: str | None = None
 
     @classmethod
-    def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str) -> RunSettings:
-        """`edge` and `cloud` as load_pair gets them (a folder or a Hub id)."""
+    def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str,
+           cloud_weights: str | None = None) -> RunSettings:
+        """`edge` and `cloud` as load_pair gets them (a folder or a Hub id; for a remote cloud the
+        model its server reports, with `cloud_weights`)."""
         spec = cfg.mode == "spec"
         return cls(
             mode=cfg.mode,
@@ -57,6 +62,7 @@ class RunSettings:
             cloud=model_id(cloud),
             dtype=dtype_name(dtype),  # fp32 and float32 load the same weights
             version=__version__,
+            cloud_weights=cloud_weights,
         )
 
     def as_record(self) -> dict[str, Any]:
@@ -68,7 +74,7 @@ def model_id(given: str) -> str:
     """A model folder by its absolute path (the same folder named from another directory is the
     same model); a Hub id as given."""
     path = Path(given)
-    return str(path.resolve()) if path.is_dir() else given
+    return str(path.resolve()) if "://" not in given and path.is_dir() else given
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> str:
