@@ -10,6 +10,7 @@ to do. Loudness is never normalised: volume is one of the attributes the model d
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,45 +49,64 @@ def _reason(exc: Exception) -> str:
 
 def check_path(path: Path) -> None:
     """The cheap checks, done before any model is loaded: the path names a non-empty file."""
-    if path.is_dir():
-        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path}` for a folder)")
-    if not path.exists():
-        raise InputError(f"no such file: {path}; check the path")
+    # One stat for every check: Path.is_dir/exists re-raise errors other than "no such file" (a name
+    # too long, a folder without search permission), which must be one line too, not a traceback.
     try:
-        size = path.stat().st_size
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(f"no such file: {path}; check the path") from None
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if size == 0:
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path}` for a folder)")
+    if info.st_size == 0:
         raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
     if not os.access(path, os.R_OK):
         raise InputError(f"cannot read {path}: permission denied")
 
 
-def _info(path: Path):  # -> soundfile's info record (frames, samplerate, channels, ...)
+def _source(path: Path, data: bytes | None):
+    """What soundfile reads: the file, or the clip's bytes (a fresh stream per read)."""
+    import io
+
+    return str(path) if data is None else io.BytesIO(data)
+
+
+def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record (frames, samplerate, ...)
     import soundfile as sf
 
     try:
-        return sf.info(str(path))
+        return sf.info(_source(path, data))
     except (sf.LibsndfileError, RuntimeError, OSError) as exc:
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
 
 
-def load_audio(path: str | Path, sampling_rate: int, max_seconds: float) -> np.ndarray:
-    """The clip at `path` as mono float32 at `sampling_rate`, after validation (see module doc)."""
-    import numpy as np
+def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: bytes | None = None) -> np.ndarray:
+    """The clip at `path` as mono float32 at `sampling_rate`, after validation (see module doc).
+    With `data`, the clip is those bytes (the file's content, read elsewhere: a Ray driver ships
+    them to workers that cannot see its disk) and `path` only names it in messages."""
     import soundfile as sf
 
     path = Path(path)
-    check_path(path)
-    info = _info(path)
+    if data is None:
+        check_path(path)
+    elif not data:
+        raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
+    info = _info(path, data)
     # The header tells the length before anything is decoded, so a 2-hour file is refused at once.
     if info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
         raise InputError(f"{path} is {info.frames / info.samplerate:.1f} s long; the model takes at most "
                          f"{max_seconds:g} s per clip: cut it into shorter clips")
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # [frames, channels]
+        samples, rate = sf.read(_source(path, data), dtype="float32", always_2d=True)  # [frames, channels]
     except (sf.LibsndfileError, RuntimeError, OSError) as exc:
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
+    return _checked(samples, rate, sampling_rate, max_seconds, path)
+
+
+def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float, path: Path) -> np.ndarray:
+    import numpy as np
+
     seconds = data.shape[0] / rate
     if data.shape[0] == 0:
         raise InputError(f"{path} holds no audio samples; give a clip of at least {MIN_SECONDS:g} s")

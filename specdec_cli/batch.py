@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,9 +45,13 @@ from .writer_lock import LockHeld, WriterLock
 
 def find_audio(root: Path, suffixes: tuple[str, ...], recursive: bool = False) -> list[Path]:
     """Audio files under `root` (by suffix, case-insensitive), sorted for a stable order."""
-    if not root.exists():
-        raise InputError(f"no such folder: {root}; check the path")
-    if not root.is_dir():
+    try:
+        found = root.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(f"no such folder: {root}; check the path") from None
+    except OSError as exc:  # a name too long, a parent without search permission: one line, no traceback
+        raise InputError(f"cannot read {root}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(found.st_mode):
         raise InputError(f"{root} is a file; `specdec batch` takes a folder (use `specdec describe {root}`)")
     walk = root.rglob("*") if recursive else root.iterdir()
     files = sorted(p for p in walk if p.is_file() and p.suffix.lower() in suffixes)
@@ -299,17 +304,19 @@ DescribeAll = Callable[[list[Path]], Iterator[tuple[Path, dict[str, Any]]]]
 def run_batch(
     files: list[Path],
     results: ResultsFile,
-    describe: Callable[[Path], dict[str, Any]],
-    error_record: Callable[[Path, str], dict[str, Any]],
+    describe: Callable[[Path], dict[str, Any]] | None,
+    error_record: Callable[[Path, str], dict[str, Any]] | None,
     on_done: Callable[[Path, dict[str, Any]], None] | None = None,
     describe_all: DescribeAll | None = None,
 ) -> BatchSummary:
     """Describe each clip not yet recorded and append its record as that clip ends. A clip that
     fails gets a record with `error` set and the batch goes on; KeyboardInterrupt stops it (the file
-    stays consistent). `describe_all` replaces the one-at-a-time default (see DescribeAll)."""
+    stays consistent). `describe_all` replaces the one-at-a-time default (see DescribeAll); then
+    `describe` and `error_record` may be None (a Ray driver loads no model)."""
     todo, skipped = pending(files, results)
     summary = BatchSummary(skipped=skipped)
     if describe_all is None:
+        assert describe is not None and error_record is not None, "describe_all or describe + error_record"
         def describe_all(clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
             return _describe_each(clips, describe, error_record)
     for path, record in describe_all(todo):
@@ -327,8 +334,13 @@ def run_batch(
 def _describe_each(todo: list[Path], describe: Callable[[Path], dict[str, Any]],
                    error_record: Callable[[Path, str], dict[str, Any]]) -> Iterator[tuple[Path, dict[str, Any]]]:
     for path in todo:
-        try:
-            record = describe(path)
-        except Exception as exc:  # one bad clip must not stop the batch; its record says why
-            record = error_record(path, one_line(exc))
-        yield path, record
+        yield path, describe_or_error(path, describe, error_record)
+
+
+def describe_or_error(path: Path, describe: Callable[[Path], dict[str, Any]],
+                      error_record: Callable[[Path, str], dict[str, Any]]) -> dict[str, Any]:
+    """One clip's record: its description, or its error record (also used by remote workers)."""
+    try:
+        return describe(path)
+    except Exception as exc:  # one bad clip must not stop the batch; its record says why
+        return error_record(path, one_line(exc))

@@ -1,0 +1,338 @@
+"""`specdec batch --ray`: the clips spread over Ray actors, the records streamed back to the one writer.
+
+Who does what:
+  * The driver (the `specdec batch` process) keeps everything batch.py guarantees: it alone opens and
+    writes the results file (batch.ResultsFile: one writer, append + fsync as each clip ends, resume
+    only under equal settings). It starts or joins Ray, starts the workers, hands each at most
+    `DEPTH` clips at a time (so a worker never waits for the next clip to cross the network) and
+    yields (clip, record) to `batch.run_batch` as each record comes back, in any order. It never
+    loads a model.
+  * A worker is a Ray actor, one process: it loads the pair once (`make_session`: the CLI's Session,
+    given the settings the driver resolved, so every worker decodes exactly as the driver would) and
+    turns each clip into its record with `batch.describe_or_error`, the code a single-process batch
+    runs. A bad clip comes back as its error record, as it does there.
+
+Where the audio is read:
+  * shared path (the default with `--ray auto`, all workers on this machine): each worker reads the
+    clip file itself, by its absolute path;
+  * shipped (the default with `--ray ADDRESS`, whose workers may be on machines that cannot see this
+    disk): the driver reads each clip and sends its bytes with the task. `--shared-path` says DIR is
+    mounted at the same path on every node (NFS, a bucket mount) and leaves the reading to the workers.
+  Either way only the clips in flight (workers x DEPTH) are held in memory, and the record names the
+  clip as the driver was given it, so resume and equality with a single-process run key on the same
+  path.
+
+Faults, handled by Ray's own machinery:
+  * A worker process that dies in the middle of a clip (killed, out of memory, its node lost): Ray
+    restarts the actor (`max_restarts`; the new process loads the pair again) and runs its unfinished
+    tasks again there (`max_task_retries`). A task's result reaches the driver once however often it
+    ran, so each clip is written once.
+  * A clip that keeps killing its worker past those retries: the driver gets a RayActorError, hands
+    the clip to a worker once more, then records it as an error (a rerun retries it).
+  * A worker that cannot start (no model folder on its node, another specdec version): the others go
+    on; with none left the run stops with the reason, and a rerun resumes.
+  * The driver killed: the results file is what a single-process batch leaves (rerun to resume). The
+    actors belong to the driver's job, so Ray ends them with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from .. import __version__
+from ..batch import DescribeAll, describe_or_error
+from ..errors import InputError, SpecdecError, one_line
+
+INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec[ray]'"
+
+DEPTH = 2                # clips handed to one worker at a time: one decoding, one waiting
+MAX_RESTARTS = 16        # how often Ray restarts one worker process that died (per worker, per run)
+MAX_TASK_RETRIES = 2     # how often Ray runs a clip again after its worker died under it
+RESUBMITS = 1            # after that, how often the driver hands the clip to a worker once more
+# A local Ray's shared-memory object store: only clips in flight pass through it (Ray's floor is 75 MiB).
+OBJECT_STORE_BYTES = 96 * 1024 * 1024
+
+
+def require_ray() -> ModuleType:
+    """The `ray` module, or the one-line install hint (exit 2) when the extra is not installed."""
+    try:
+        import ray
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "ray":
+            raise
+        raise InputError(INSTALL_HINT) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """What `--ray`, `--workers`, `--gpus-per-worker` and `--ship-audio/--shared-path` asked for."""
+
+    address: str                     # "auto": a Ray of its own on this machine; else a cluster's address
+    workers: int | None = None       # None: as many as the cluster has room for
+    gpus_per_worker: float = 0.0
+    ship_audio: bool | None = None   # None: ship unless auto
+
+    @property
+    def local(self) -> bool:
+        return self.address == "auto"
+
+    @property
+    def ships_audio(self) -> bool:
+        return (not self.local) if self.ship_audio is None else self.ship_audio
+
+
+class ClipSession(Protocol):
+    """What a worker holds: the loaded pair and the resolved settings (cli.Session)."""
+
+    def describe_file(self, path: Path, data: bytes | None = None) -> dict[str, Any]: ...
+
+    def error_record(self, path: Path, message: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """A worker's news for the driver's user: ready, restarted (by Ray, after its process died),
+    failed (could not start), lost (died for good)."""
+
+    index: int
+    kind: str
+    pid: int | None = None
+    host: str | None = None
+    detail: str = ""
+
+
+class PairWorker:
+    """One worker process holding one loaded pair. Wrapped with `ray.remote` when a run starts, so
+    this module imports without Ray (for the install hint). A failure to load is kept, not raised:
+    the driver reads it from `info()` and says it in one line instead of Ray's traceback."""
+
+    def __init__(self, make_session: Callable[[], ClipSession]) -> None:
+        self.failure: str | None = None
+        try:
+            self.session = make_session()
+        except Exception as exc:
+            self.failure = one_line(exc)
+
+    def info(self) -> tuple[int, str, str, str | None]:
+        """(pid, host, specdec version, why the pair did not load or None)."""
+        return os.getpid(), socket.gethostname(), __version__, self.failure
+
+    def describe(self, file: str, source: bytes | str | Exception) -> tuple[int, dict[str, Any]]:
+        """The clip's record, and this process's pid (the driver notices a restarted worker by it).
+        `source`: the clip's bytes, a path to read them from, or why the driver could not read them."""
+        def run(path: Path) -> dict[str, Any]:
+            if isinstance(source, Exception):
+                raise source
+            data = source if isinstance(source, bytes) else _read(path, Path(source))
+            return self.session.describe_file(path, data)
+
+        return os.getpid(), describe_or_error(Path(file), run, self.session.error_record)
+
+    def error_record(self, file: str, message: str) -> dict[str, Any]:
+        return self.session.error_record(Path(file), message)
+
+
+def _read(path: Path, where: Path) -> bytes:
+    try:
+        return where.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path} on {socket.gethostname()} ({where}): "
+                         f"{exc.strerror or exc}") from None
+
+
+def describe_all(options: RayOptions, make_session: Callable[[], ClipSession],
+                 on_event: Callable[[WorkerEvent], None] | None = None) -> DescribeAll:
+    """`batch.run_batch`'s describe_all for a Ray run. `make_session` is called once in each worker
+    process (so it must pickle: a module-level function, or a partial of one)."""
+    ray = require_ray()
+
+    def run(clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+        if not clips:
+            return
+        with _connected(ray, options):
+            yield from _Pool(ray, options, make_session, on_event or (lambda event: None)).run(clips)
+
+    return run
+
+
+@contextmanager
+def _connected(ray: ModuleType, options: RayOptions) -> Iterator[None]:
+    """Start a local Ray (`auto`) or join a cluster, and leave it as found. A process that already
+    called ray.init (a notebook, a test module) keeps its connection and its Ray."""
+    if ray.is_initialized():
+        yield
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine for a batch
+    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+    # Our own one-line messages replace Ray's worker logs on stderr, unless debugging.
+    quiet = {"logging_level": logging.DEBUG if debug else logging.ERROR, "log_to_driver": debug}
+    if options.local:
+        cpus = max(options.workers or 0, os.cpu_count() or 1)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                 object_store_memory=OBJECT_STORE_BYTES, **quiet)
+    else:
+        try:
+            ray.init(address=options.address, **quiet)
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+            raise InputError(f"cannot join the Ray cluster at {options.address} ({one_line(exc)}); start one "
+                             "with `ray start --head` and give the address it prints, or use --ray auto") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@dataclass
+class _Worker:
+    actor: Any
+    pid: int | None = None
+    host: str | None = None
+    ready: bool = False
+    alive: bool = True
+    busy: int = 0          # clips handed over and not yet back
+
+
+class _Pool:
+    """The driver's side: start the workers, keep each fed, collect records as they end."""
+
+    def __init__(self, ray: ModuleType, options: RayOptions, make_session: Callable[[], ClipSession],
+                 on_event: Callable[[WorkerEvent], None]) -> None:
+        self.ray, self.options, self.on_event = ray, options, on_event
+        count = _worker_count(ray, options)
+        actor_class = ray.remote(PairWorker).options(
+            num_cpus=1, num_gpus=options.gpus_per_worker, max_restarts=MAX_RESTARTS,
+            max_task_retries=MAX_TASK_RETRIES)
+        self.workers = [_Worker(actor_class.remote(make_session)) for _ in range(count)]
+        self.pings = {w.actor.info.remote(): i for i, w in enumerate(self.workers)}  # ref -> worker
+        self.running: dict[Any, tuple[int, Path]] = {}                               # ref -> (worker, clip)
+        self.last_failure = ""
+
+    def run(self, clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+        todo, given_back = deque(clips), Counter[Path]()
+        try:
+            while todo or self.running:
+                self._hand_out(todo)
+                if not self.running and not self.pings:
+                    raise SpecdecError(f"no Ray worker left to describe {len(todo)} clips "
+                                       f"({self.last_failure}); the results so far are kept: rerun to resume")
+                [ref], _ = self.ray.wait([*self.running, *self.pings], num_returns=1)
+                if ref in self.pings:
+                    self._ping_answered(ref)
+                    continue
+                index, clip = self.running.pop(ref)
+                self.workers[index].busy -= 1
+                record = self._record(ref, index, clip, todo, given_back)
+                if record is not None:
+                    yield clip, record
+        finally:
+            for worker in self.workers:  # ours alone; a cluster's other jobs are untouched
+                self.ray.kill(worker.actor, no_restart=True)
+
+    def _hand_out(self, todo: deque[Path]) -> None:
+        for index, worker in enumerate(self.workers):
+            while todo and worker.ready and worker.busy < DEPTH:
+                clip = todo.popleft()
+                ref = worker.actor.describe.remote(str(clip), self._source(clip))
+                self.running[ref] = (index, clip)
+                worker.busy += 1
+
+    def _source(self, clip: Path) -> bytes | str | Exception:
+        where = Path(os.path.abspath(clip))  # workers need not share the driver's current directory
+        if not self.options.ships_audio:
+            return str(where)
+        try:
+            return where.read_bytes()
+        except OSError as exc:
+            return InputError(f"cannot read {clip}: {exc.strerror or exc}")
+
+    def _ping_answered(self, ref: Any) -> None:
+        index = self.pings.pop(ref)
+        worker = self.workers[index]
+        try:
+            pid, host, version, failure = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as exc:
+            self._lost(index, "failed" if worker.pid is None else "lost", _ray_reason(exc))
+            return
+        if failure is None and version != __version__:
+            failure = (f"specdec {version} on {host}, {__version__} here: install the same version on every "
+                       "node (records carry the version)")
+        if failure is not None:
+            self._lost(index, "failed", failure, pid, host)
+            self.ray.kill(worker.actor, no_restart=True)
+            return
+        restarted = worker.pid is not None and pid != worker.pid
+        worker.pid, worker.host, worker.ready = pid, host, True
+        self.on_event(WorkerEvent(index, "restarted" if restarted else "ready", pid, host))
+
+    def _record(self, ref: Any, index: int, clip: Path, todo: deque[Path],
+                given_back: Counter[Path]) -> dict[str, Any] | None:
+        """The clip's record, or None when it went back into the queue."""
+        worker, exceptions = self.workers[index], self.ray.exceptions
+        try:
+            pid, record = self.ray.get(ref)
+        except exceptions.RayActorError as exc:
+            # Ray restarted this worker and ran the clip again MAX_TASK_RETRIES times, and it still
+            # died (or Ray gave the worker up). Ask the worker whether it lives, then hand the clip
+            # to whichever is ready; a clip that killed its workers every time is recorded as failed.
+            if worker.ready and worker.alive:
+                worker.ready = False
+                self.pings[worker.actor.info.remote()] = index
+            if given_back[clip] < RESUBMITS:
+                given_back[clip] += 1
+                todo.appendleft(clip)
+                return None
+            return self._error_record(clip, f"its Ray worker died every time it ran ({_ray_reason(exc)}); "
+                                            "rerun to retry it")
+        except exceptions.RayTaskError as exc:  # describe_or_error catches the clip's own errors
+            return self._error_record(clip, f"Ray worker error: {one_line(exc.as_instanceof_cause())}")
+        if worker.pid is not None and pid != worker.pid:  # a new process: Ray restarted it meanwhile
+            worker.pid = pid
+            self.on_event(WorkerEvent(index, "restarted", pid, worker.host))
+        return record
+
+    def _error_record(self, clip: Path, message: str) -> dict[str, Any]:
+        """Built by a live worker's session, so it carries what every other record carries."""
+        for worker in self.workers:
+            if worker.ready and worker.alive:
+                try:
+                    return self.ray.get(worker.actor.error_record.remote(str(clip), message))
+                except self.ray.exceptions.RayError:
+                    continue
+        raise SpecdecError(f"no Ray worker left to record {clip} ({message}); rerun to resume")
+
+    def _lost(self, index: int, kind: str, detail: str, pid: int | None = None, host: str | None = None) -> None:
+        worker = self.workers[index]
+        worker.alive = worker.ready = False
+        self.last_failure = f"worker {index + 1}: {detail}"
+        self.on_event(WorkerEvent(index, kind, pid or worker.pid, host or worker.host, detail))
+
+
+def _worker_count(ray: ModuleType, options: RayOptions) -> int:
+    """--workers, or as many as the cluster holds (by GPUs with --gpus-per-worker, else by CPUs);
+    refused when the cluster cannot hold them, since Ray would leave the rest waiting for ever."""
+    have = ray.cluster_resources()
+    cpus, gpus = int(have.get("CPU", 0)), float(have.get("GPU", 0))
+    per_gpu = options.gpus_per_worker
+    fits = min(cpus, int(gpus // per_gpu)) if per_gpu > 0 else cpus
+    wanted = options.workers or max(fits, 1)
+    if wanted > fits:
+        room = f"{cpus} CPUs" + (f" and {gpus:g} GPUs" if per_gpu > 0 else "")
+        need = f"1 CPU{f' and {per_gpu:g} GPUs' if per_gpu > 0 else ''} each"
+        raise InputError(f"the Ray cluster has room for {fits} workers ({room}; a worker takes {need}), "
+                         f"not {wanted}: give fewer --workers, or add nodes")
+    return wanted
+
+
+def _ray_reason(exc: BaseException) -> str:
+    """Ray's error texts run to many lines; the first says what happened."""
+    return one_line(exc)

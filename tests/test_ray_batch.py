@@ -1,0 +1,219 @@
+"""`specdec batch --ray` on a local Ray with two workers: the same records as the single-process
+batch on the bundled samples (the oracle), and a worker SIGKILLed mid-run loses and doubles nothing.
+
+One Ray is started for the module (start-up takes seconds) and shut down at its end; the teardown
+checks that every process it started is gone. `--ray auto` runs inside the module reuse it, as a
+process that already called ray.init does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.audio import load_audio
+from specdec_cli.batch import ResultsFile, read_records, run_batch
+from specdec_cli.cli import _flags, app, run_settings, worker_session
+from specdec_cli.errors import InputError
+from specdec_cli.scale import ray_batch
+from specdec_cli.scale.ray_batch import INSTALL_HINT, RayOptions, WorkerEvent
+
+ray = pytest.importorskip("ray")  # in the dev extra; the skip only spares a bare install
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+# What two runs of one clip may differ in: wall time, and the rate computed from it.
+TIMING = {"latency_s", "tokens_per_s"}
+
+
+def comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in TIMING}
+
+
+def by_name(path: Path) -> dict[str, dict]:
+    """The records of a results file by clip file name; a clip recorded twice fails here."""
+    records = read_records(path)
+    names = [Path(r["file"]).name for r in records]
+    assert len(names) == len(set(names)), f"a clip recorded twice: {sorted(names)}"
+    return {Path(r["file"]).name: r for r in records}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (Linux /proc), to check the module leaves none behind."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (killed, not yet reaped by its parent) is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    before = descendants(os.getpid())
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
+             object_store_memory=ray_batch.OBJECT_STORE_BYTES, log_to_driver=False)
+    started = descendants(os.getpid()) - before
+    assert started, "ray.init started no process"
+    yield
+    ray.shutdown()
+    deadline = time.monotonic() + 30
+    while (left := {p for p in started if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"Ray processes left running after shutdown: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict[str, dict]:
+    """The oracle: the single-process batch on the bundled samples (bundled demo pair, default preset)."""
+    out = tmp_path_factory.mktemp("single") / "r.jsonl"
+    result = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    records = by_name(out)
+    assert len(records) == len(list(SAMPLES.glob("*.wav"))) >= 9
+    assert all(r["error"] is None and r["description"] for r in records.values())
+    return records
+
+
+def test_ray_batch_matches_single_process(local_ray, single, tmp_path):
+    # --ray auto: the workers read the clips themselves (the kill test below ships their bytes).
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(out), "--ray", "auto", "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert "9 ok · 0 failed" in result.output
+    records = by_name(out)
+    assert {n: comparable(r) for n, r in records.items()} == {n: comparable(r) for n, r in single.items()}
+
+    again = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(out), "--ray", "auto", "--workers", "2"])
+    assert again.exit_code == 0, again.output
+    assert "0 ok · 0 failed · 9 skipped" in again.output  # resumed: nothing run twice
+    assert out.read_text(encoding="utf-8").count("\n") == 9
+
+
+def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_path):
+    # 2 copies of each sample under distinct names: enough clips that both workers hold some when one dies.
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for wav in sorted(SAMPLES.glob("*.wav")):
+        for copy in ("a", "b"):
+            shutil.copy(wav, folder / f"{copy}_{wav.name}")
+    clips = sorted(folder.glob("*.wav"))
+    flags = _flags("fluent", None, None, "cpu", "float32", None)
+    resolved = run_settings(flags)
+
+    events: list[WorkerEvent] = []
+    killed: list[int] = []
+
+    def on_done(path: Path, record: dict) -> None:
+        pids = {e.index: e.pid for e in events if e.kind == "ready"}
+        if not killed and 0 in pids:  # worker 1 holds clips now: its next one is mid-way
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    describe_all = ray_batch.describe_all(RayOptions("auto", workers=2, ship_audio=True),
+                                          partial(worker_session, flags, resolved, None), events.append)
+    out = tmp_path / "r.jsonl"
+    with ResultsFile(out, resolved[2]) as results:
+        summary = run_batch(clips, results, None, None, on_done, describe_all=describe_all)
+
+    assert killed, "no worker was killed"
+    assert not alive(killed[0])
+    restarts = [e for e in events if e.kind == "restarted" and e.index == 0]
+    assert restarts and restarts[0].pid != killed[0], f"Ray did not restart the killed worker: {events}"
+    assert not [e for e in events if e.kind in ("failed", "lost")], events
+    assert (summary.ok, summary.failed, summary.skipped) == (len(clips), 0, 0)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(clips)  # one line per clip: nothing lost, nothing twice
+    records = by_name(out)
+    assert sorted(records) == sorted(p.name for p in clips)
+    for name, record in records.items():
+        original = single[name.split("_", 1)[1]]
+        assert record["description"] == original["description"], name
+        assert record["tokens"] == original["tokens"] and record["cloud_calls"] == original["cloud_calls"]
+
+
+def test_ray_options_need_ray_installed(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as on a bare install
+    result = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(tmp_path / "r.jsonl"), "--ray", "auto"])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {INSTALL_HINT}"
+    assert not (tmp_path / "r.jsonl").exists()  # refused before the results file was opened
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "2"], "go with --ray"),
+    (["--shared-path"], "go with --ray"),
+    (["--ray", "auto", "--gpus-per-worker", "1"], "add --device cuda"),
+    (["--ray", " "], "--ray needs auto or a cluster address"),
+])
+def test_ray_option_refusals(tmp_path, args, message):
+    result = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(tmp_path / "r.jsonl"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and result.output.count("\n") == 1
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_shipped_bytes_read_as_the_file(tmp_path):
+    """What a worker gets with --ship-audio: the same samples as reading the file; errors name the clip."""
+    wav = SAMPLES / "f_fast_high.wav"
+    from_bytes = load_audio(wav, 16000, 30.0, data=wav.read_bytes())
+    assert from_bytes.tolist() == load_audio(wav, 16000, 30.0).tolist()
+    with pytest.raises(InputError, match="clip.wav is empty"):
+        load_audio(tmp_path / "clip.wav", 16000, 30.0, data=b"")
+    with pytest.raises(InputError, match="cannot decode .*clip.wav as audio"):
+        load_audio(tmp_path / "clip.wav", 16000, 30.0, data=b"not audio at all")
+
+
+def test_worker_count_refuses_more_than_the_cluster_holds(local_ray):
+    with pytest.raises(InputError, match="room for 2 workers"):
+        ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379", workers=3))
+    with pytest.raises(InputError, match="room for 0 workers"):  # no GPU here
+        ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379", gpus_per_worker=1))
+    assert ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379")) == 2
+
+
+def test_records_name_clips_as_given(local_ray, tmp_path, single):
+    """A clip that cannot be read becomes its error record on a worker, named as the driver was
+    given it; the run goes on and exits 1 (as a single-process batch does)."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "m_slow_low.wav", folder / "good.wav")
+    (folder / "bad.wav").write_bytes(b"RIFF but not really a wav")
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["batch", str(folder), "--out", str(out), "--ray", "auto", "--workers", "2",
+                                      "--ship-audio"])
+    assert result.exit_code == 1, result.output
+    records = by_name(out)
+    assert records["good.wav"]["description"] == single["m_slow_low.wav"]["description"]
+    assert records["bad.wav"]["file"] == str(folder / "bad.wav")
+    assert "cannot decode" in records["bad.wav"]["error"] and str(folder / "bad.wav") in records["bad.wav"]["error"]
+    assert json.loads(out.read_text(encoding="utf-8").splitlines()[0])["settings"] == single["m_slow_low.wav"]["settings"]
