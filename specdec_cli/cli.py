@@ -410,8 +410,10 @@ ShipAudioOpt = Annotated[bool | None, typer.Option(
 @app.command()
 def batch(
     directory: Annotated[Path, typer.Argument(help="Folder of audio files.", show_default=False)],
+    # readable=False: Typer's own check would refuse an unreadable file with a usage box; ResultsFile
+    # says it in one line (and checks more: the folder, the lock).
     out: Annotated[Path, typer.Option(help="Results, one JSON line per file (appended as each finishes).",
-                                      show_default=False)],
+                                      show_default=False, readable=False)],
     recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out "
                                             "(the old file is kept as OUT.bak).")] = False,
@@ -474,7 +476,7 @@ def batch(
             else:
                 assert ray_options is not None
                 summary = run_batch(files, results, None, None, on_done,
-                                    describe_all=_ray_describe_all(ray_options, flags, progress.console))
+                                    describe_all=_ray_describe_all(ray_options, flags, batch_size, progress.console))
     err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, str(out)))
     if summary.failed:
         raise SpecdecError(f"{summary.failed} of {len(files)} files failed; their records in {out} say why "
@@ -500,8 +502,9 @@ def _ray_options(ray: str | None, workers: int | None, gpus_per_worker: float, s
     return RayOptions(ray.strip(), workers, gpus_per_worker, ship_audio)
 
 
-def _ray_describe_all(options: RayOptions, flags: Flags, console: Console) -> DescribeAll:
-    """run_batch's describe_all over Ray workers, each holding a worker_session of these flags."""
+def _ray_describe_all(options: RayOptions, flags: Flags, batch_size: int, console: Console) -> DescribeAll:
+    """run_batch's describe_all over Ray workers, each holding a worker_session of these flags and
+    decoding `batch_size` rows at a time where this run can batch."""
     from functools import partial
 
     from .scale.ray_batch import describe_all
@@ -525,7 +528,7 @@ def _ray_describe_all(options: RayOptions, flags: Flags, console: Console) -> De
                           f"{': ' + event.detail if event.detail else ''}", markup=False, style="yellow",
                           soft_wrap=True)
 
-    return describe_all(options, partial(worker_session, worker_flags, resolved, threads), on_event)
+    return describe_all(options, partial(worker_session, worker_flags, resolved, threads), batch_size, on_event)
 
 
 @app.command("presets")

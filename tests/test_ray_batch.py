@@ -8,12 +8,12 @@ process that already called ray.init does.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -31,12 +31,13 @@ from specdec_cli.scale.ray_batch import INSTALL_HINT, RayOptions, WorkerEvent
 ray = pytest.importorskip("ray")  # in the dev extra; the skip only spares a bare install
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
-# What two runs of one clip may differ in: wall time, and the rate computed from it.
+# What two runs of one clip may differ in: wall time, and the rate computed from it (and the path,
+# when the clip was copied; records are compared by file name).
 TIMING = {"latency_s", "tokens_per_s"}
 
 
 def comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in TIMING}
+    return {k: v for k, v in record.items() if k not in TIMING and k != "file"}
 
 
 def by_name(path: Path) -> dict[str, dict]:
@@ -105,21 +106,36 @@ def single(tmp_path_factory) -> dict[str, dict]:
 
 
 def test_ray_batch_matches_single_process(local_ray, single, tmp_path):
-    # --ray auto: the workers read the clips themselves (the kill test below ships their bytes).
+    """The CLI as a user runs it (--ray auto: the workers read the clips themselves, rows in flight
+    at the default --batch-size), on the samples plus one clip that is not audio."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for wav in SAMPLES.glob("*.wav"):
+        shutil.copy(wav, folder / wav.name)
+    (folder / "zz_bad.wav").write_bytes(b"RIFF but not really a wav")
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(out), "--ray", "auto", "--workers", "2"])
-    assert result.exit_code == 0, result.output
-    assert "9 ok · 0 failed" in result.output
+    result = CliRunner().invoke(app, ["batch", str(folder), "--out", str(out), "--ray", "auto", "--workers", "2"])
+    assert result.exit_code == 1, result.output  # one clip failed, as a single-process batch says
+    assert "9 ok · 1 failed" in result.output
     records = by_name(out)
+    bad = records.pop("zz_bad.wav")
     assert {n: comparable(r) for n, r in records.items()} == {n: comparable(r) for n, r in single.items()}
+    assert all(r["file"] == str(folder / n) for n, r in records.items())  # named as the driver was given them
+    assert bad["file"] == str(folder / "zz_bad.wav") and bad["description"] is None
+    assert bad["error"].startswith(f"cannot decode {folder / 'zz_bad.wav'} as audio")
+    assert bad["settings"] == records["m_slow_low.wav"]["settings"]
 
-    again = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(out), "--ray", "auto", "--workers", "2"])
+    (folder / "zz_bad.wav").unlink()
+    again = CliRunner().invoke(app, ["batch", str(folder), "--out", str(out), "--ray", "auto", "--workers", "2"])
     assert again.exit_code == 0, again.output
     assert "0 ok · 0 failed · 9 skipped" in again.output  # resumed: nothing run twice
-    assert out.read_text(encoding="utf-8").count("\n") == 9
+    assert out.read_text(encoding="utf-8").count("\n") == 9  # the failed line compacted away
 
 
-def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_path):
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_path, batch_size):
+    """Worker 1 is SIGKILLed while it holds clips: one at a time, as its first record comes back
+    (its next clip is under way); with rows in flight, 0.3 s into its first chunk of up to 8."""
     # 2 copies of each sample under distinct names: enough clips that both workers hold some when one dies.
     folder = tmp_path / "clips"
     folder.mkdir()
@@ -133,17 +149,31 @@ def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_
     events: list[WorkerEvent] = []
     killed: list[int] = []
 
+    def kill(pid: int) -> None:
+        if not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    def on_event(event: WorkerEvent) -> None:
+        events.append(event)
+        if batch_size > 1 and event.kind == "ready" and event.index == 0:
+            timer = threading.Timer(0.3, kill, [event.pid])
+            timers.append(timer)
+            timer.start()
+
     def on_done(path: Path, record: dict) -> None:
         pids = {e.index: e.pid for e in events if e.kind == "ready"}
-        if not killed and 0 in pids:  # worker 1 holds clips now: its next one is mid-way
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+        if batch_size == 1 and 0 in pids:
+            kill(pids[0])
 
+    timers: list[threading.Timer] = []
     describe_all = ray_batch.describe_all(RayOptions("auto", workers=2, ship_audio=True),
-                                          partial(worker_session, flags, resolved, None), events.append)
+                                          partial(worker_session, flags, resolved, None), batch_size, on_event)
     out = tmp_path / "r.jsonl"
     with ResultsFile(out, resolved[2]) as results:
         summary = run_batch(clips, results, None, None, on_done, describe_all=describe_all)
+    for timer in timers:
+        timer.join()
 
     assert killed, "no worker was killed"
     assert not alive(killed[0])
@@ -199,21 +229,3 @@ def test_worker_count_refuses_more_than_the_cluster_holds(local_ray):
     with pytest.raises(InputError, match="room for 0 workers"):  # no GPU here
         ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379", gpus_per_worker=1))
     assert ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379")) == 2
-
-
-def test_records_name_clips_as_given(local_ray, tmp_path, single):
-    """A clip that cannot be read becomes its error record on a worker, named as the driver was
-    given it; the run goes on and exits 1 (as a single-process batch does)."""
-    folder = tmp_path / "clips"
-    folder.mkdir()
-    shutil.copy(SAMPLES / "m_slow_low.wav", folder / "good.wav")
-    (folder / "bad.wav").write_bytes(b"RIFF but not really a wav")
-    out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["batch", str(folder), "--out", str(out), "--ray", "auto", "--workers", "2",
-                                      "--ship-audio"])
-    assert result.exit_code == 1, result.output
-    records = by_name(out)
-    assert records["good.wav"]["description"] == single["m_slow_low.wav"]["description"]
-    assert records["bad.wav"]["file"] == str(folder / "bad.wav")
-    assert "cannot decode" in records["bad.wav"]["error"] and str(folder / "bad.wav") in records["bad.wav"]["error"]
-    assert json.loads(out.read_text(encoding="utf-8").splitlines()[0])["settings"] == single["m_slow_low.wav"]["settings"]

@@ -127,19 +127,49 @@ class PairWorker:
         """(pid, host, specdec version, why the pair did not load or None)."""
         return os.getpid(), socket.gethostname(), __version__, self.failure
 
-    def describe(self, file: str, source: bytes | str | Exception) -> tuple[int, dict[str, Any]]:
-        """The clip's record, and this process's pid (the driver notices a restarted worker by it).
-        `source`: the clip's bytes, a path to read them from, or why the driver could not read them."""
-        def run(path: Path) -> dict[str, Any]:
-            if isinstance(source, Exception):
-                raise source
-            data = source if isinstance(source, bytes) else _read(path, Path(source))
-            return self.session.describe_file(path, data)
+    def describe(self, files: list[str], sources: list[bytes | str | Exception],
+                 batch_size: int) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
+        """Each clip's record, as the driver's process would make it: `batch_size` rows in flight
+        (batched.py) where this run can batch, else one at a time; and this process's pid (the
+        driver notices a restarted worker by it). `sources[i]`: clip i's bytes, a path to read them
+        from, or why the driver could not read them."""
+        from ..batched import batched_describe_all
 
-        return os.getpid(), describe_or_error(Path(file), run, self.session.error_record)
+        session = _Sourced(self.session, {Path(f): s for f, s in zip(files, sources, strict=True)})
+        clips = [Path(f) for f in files]
+        rows = batched_describe_all(session, batch_size)  # type: ignore[arg-type]  # a Session by proxy
+        if rows is None:
+            records = [(p, describe_or_error(p, session.describe_file, session.error_record)) for p in clips]
+        else:
+            records = list(rows(clips))
+        return os.getpid(), [(str(p), r) for p, r in records]
 
     def error_record(self, file: str, message: str) -> dict[str, Any]:
         return self.session.error_record(Path(file), message)
+
+
+class _Sourced:
+    """The worker's session, reading each clip from where the driver said (its shipped bytes, or a
+    path on shared storage) while the record names it as the driver was given it. Everything else
+    is the session's own."""
+
+    def __init__(self, session: ClipSession, sources: dict[Path, bytes | str | Exception]) -> None:
+        self._session, self._sources = session, sources
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def _data(self, path: Path) -> bytes:
+        source = self._sources[path]
+        if isinstance(source, Exception):
+            raise source
+        return source if isinstance(source, bytes) else _read(path, Path(source))
+
+    def load(self, path: Path, data: bytes | None = None) -> Any:
+        return self._session.load(path, self._data(path))  # type: ignore[attr-defined]
+
+    def describe_file(self, path: Path, data: bytes | None = None) -> dict[str, Any]:
+        return self._session.describe_file(path, self._data(path))
 
 
 def _read(path: Path, where: Path) -> bytes:
@@ -150,17 +180,19 @@ def _read(path: Path, where: Path) -> bytes:
                          f"{exc.strerror or exc}") from None
 
 
-def describe_all(options: RayOptions, make_session: Callable[[], ClipSession],
+def describe_all(options: RayOptions, make_session: Callable[[], ClipSession], batch_size: int = 1,
                  on_event: Callable[[WorkerEvent], None] | None = None) -> DescribeAll:
     """`batch.run_batch`'s describe_all for a Ray run. `make_session` is called once in each worker
-    process (so it must pickle: a module-level function, or a partial of one)."""
+    process (so it must pickle: a module-level function, or a partial of one); `batch_size`: rows
+    in flight in each worker (--batch-size), where the run can batch."""
     ray = require_ray()
 
     def run(clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
         if not clips:
             return
         with _connected(ray, options):
-            yield from _Pool(ray, options, make_session, on_event or (lambda event: None)).run(clips)
+            pool = _Pool(ray, options, make_session, batch_size, on_event or (lambda event: None))
+            yield from pool.run(clips)
 
     return run
 
@@ -203,47 +235,65 @@ class _Worker:
 
 
 class _Pool:
-    """The driver's side: start the workers, keep each fed, collect records as they end."""
+    """The driver's side: start the workers, keep each fed, collect records as they end.
+
+    A task is a chunk of clips: one clip when workers decode one at a time; with rows in flight,
+    up to twice the batch size, so rows that end early are refilled from the same chunk (fewer when
+    the clips left would not go round every worker's slots). Records come back when their chunk ends. A
+    clip handed back after its worker died is sent alone, so a clip that kills its worker fails
+    alone and not its chunk."""
 
     def __init__(self, ray: ModuleType, options: RayOptions, make_session: Callable[[], ClipSession],
-                 on_event: Callable[[WorkerEvent], None]) -> None:
-        self.ray, self.options, self.on_event = ray, options, on_event
+                 batch_size: int, on_event: Callable[[WorkerEvent], None]) -> None:
+        self.ray, self.options, self.batch_size, self.on_event = ray, options, batch_size, on_event
         count = _worker_count(ray, options)
         actor_class = ray.remote(PairWorker).options(
             num_cpus=1, num_gpus=options.gpus_per_worker, max_restarts=MAX_RESTARTS,
             max_task_retries=MAX_TASK_RETRIES)
         self.workers = [_Worker(actor_class.remote(make_session)) for _ in range(count)]
         self.pings = {w.actor.info.remote(): i for i, w in enumerate(self.workers)}  # ref -> worker
-        self.running: dict[Any, tuple[int, Path]] = {}                               # ref -> (worker, clip)
+        self.running: dict[Any, tuple[int, list[Path]]] = {}                         # ref -> (worker, clips)
+        self.todo: deque[Path] = deque()
+        self.alone: deque[Path] = deque()      # handed back after a worker died: sent one per task
+        self.given_back = Counter[Path]()
         self.last_failure = ""
 
     def run(self, clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
-        todo, given_back = deque(clips), Counter[Path]()
+        self.todo.extend(clips)
         try:
-            while todo or self.running:
-                self._hand_out(todo)
+            while self.todo or self.alone or self.running:
+                self._hand_out()
                 if not self.running and not self.pings:
-                    raise SpecdecError(f"no Ray worker left to describe {len(todo)} clips "
-                                       f"({self.last_failure}); the results so far are kept: rerun to resume")
+                    left = len(self.todo) + len(self.alone)
+                    raise SpecdecError(f"no Ray worker left to describe {left} clips ({self.last_failure}); "
+                                       "the results so far are kept: rerun to resume")
                 [ref], _ = self.ray.wait([*self.running, *self.pings], num_returns=1)
                 if ref in self.pings:
                     self._ping_answered(ref)
                     continue
-                index, clip = self.running.pop(ref)
+                index, chunk = self.running.pop(ref)
                 self.workers[index].busy -= 1
-                record = self._record(ref, index, clip, todo, given_back)
-                if record is not None:
-                    yield clip, record
+                yield from self._records(ref, index, chunk)
         finally:
             for worker in self.workers:  # ours alone; a cluster's other jobs are untouched
                 self.ray.kill(worker.actor, no_restart=True)
 
-    def _hand_out(self, todo: deque[Path]) -> None:
+    def _chunk(self) -> list[Path]:
+        if self.alone:
+            return [self.alone.popleft()]
+        size = 1
+        if self.batch_size > 1:  # every slot of every live worker gets a share of what is left
+            slots = DEPTH * (sum(w.alive for w in self.workers) or 1)
+            size = max(1, min(2 * self.batch_size, -(-len(self.todo) // slots)))
+        return [self.todo.popleft() for _ in range(min(size, len(self.todo)))]
+
+    def _hand_out(self) -> None:
         for index, worker in enumerate(self.workers):
-            while todo and worker.ready and worker.busy < DEPTH:
-                clip = todo.popleft()
-                ref = worker.actor.describe.remote(str(clip), self._source(clip))
-                self.running[ref] = (index, clip)
+            while (self.todo or self.alone) and worker.ready and worker.busy < DEPTH:
+                chunk = self._chunk()
+                ref = worker.actor.describe.remote([str(c) for c in chunk], [self._source(c) for c in chunk],
+                                                   self.batch_size)
+                self.running[ref] = (index, chunk)
                 worker.busy += 1
 
     def _source(self, clip: Path) -> bytes | str | Exception:
@@ -261,7 +311,7 @@ class _Pool:
         try:
             pid, host, version, failure = self.ray.get(ref)
         except self.ray.exceptions.RayActorError as exc:
-            self._lost(index, "failed" if worker.pid is None else "lost", _ray_reason(exc))
+            self._lost(index, "failed" if worker.pid is None else "lost", one_line(exc))
             return
         if failure is None and version != __version__:
             failure = (f"specdec {version} on {host}, {__version__} here: install the same version on every "
@@ -274,31 +324,36 @@ class _Pool:
         worker.pid, worker.host, worker.ready = pid, host, True
         self.on_event(WorkerEvent(index, "restarted" if restarted else "ready", pid, host))
 
-    def _record(self, ref: Any, index: int, clip: Path, todo: deque[Path],
-                given_back: Counter[Path]) -> dict[str, Any] | None:
-        """The clip's record, or None when it went back into the queue."""
+    def _records(self, ref: Any, index: int, chunk: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+        """The chunk's records; none for clips that went back into the queue."""
         worker, exceptions = self.workers[index], self.ray.exceptions
         try:
-            pid, record = self.ray.get(ref)
+            pid, records = self.ray.get(ref)
         except exceptions.RayActorError as exc:
-            # Ray restarted this worker and ran the clip again MAX_TASK_RETRIES times, and it still
-            # died (or Ray gave the worker up). Ask the worker whether it lives, then hand the clip
-            # to whichever is ready; a clip that killed its workers every time is recorded as failed.
+            # Ray restarted this worker and ran the chunk again MAX_TASK_RETRIES times, and it still
+            # died (or Ray gave the worker up). Ask the worker whether it lives; hand each clip out
+            # again, alone; a clip that killed its worker alone too is recorded as failed.
             if worker.ready and worker.alive:
                 worker.ready = False
                 self.pings[worker.actor.info.remote()] = index
-            if given_back[clip] < RESUBMITS:
-                given_back[clip] += 1
-                todo.appendleft(clip)
-                return None
-            return self._error_record(clip, f"its Ray worker died every time it ran ({_ray_reason(exc)}); "
-                                            "rerun to retry it")
-        except exceptions.RayTaskError as exc:  # describe_or_error catches the clip's own errors
-            return self._error_record(clip, f"Ray worker error: {one_line(exc.as_instanceof_cause())}")
+            for clip in chunk:
+                if self.given_back[clip] < RESUBMITS:
+                    self.given_back[clip] += 1
+                    self.alone.append(clip)
+                else:
+                    yield clip, self._error_record(clip, f"its Ray worker died every time it ran ({one_line(exc)}); "
+                                                         "rerun to retry it")
+            return
+        except exceptions.RayTaskError as exc:  # the workers catch each clip's own errors
+            for clip in chunk:
+                yield clip, self._error_record(clip, f"Ray worker error: {one_line(exc.as_instanceof_cause())}")
+            return
         if worker.pid is not None and pid != worker.pid:  # a new process: Ray restarted it meanwhile
             worker.pid = pid
             self.on_event(WorkerEvent(index, "restarted", pid, worker.host))
-        return record
+        by_file = dict(records)
+        for clip in chunk:  # each clip of the chunk once, named as the driver gave it
+            yield clip, by_file[str(clip)]
 
     def _error_record(self, clip: Path, message: str) -> dict[str, Any]:
         """Built by a live worker's session, so it carries what every other record carries."""
@@ -332,7 +387,3 @@ def _worker_count(ray: ModuleType, options: RayOptions) -> int:
                          f"not {wanted}: give fewer --workers, or add nodes")
     return wanted
 
-
-def _ray_reason(exc: BaseException) -> str:
-    """Ray's error texts run to many lines; the first says what happened."""
-    return one_line(exc)
