@@ -1,6 +1,7 @@
 """`specdec batch --batch-size N`: N clips in flight in one process, through the batched engine
 (`decoding/batch_loop.py`), each clip's record handed to `run_batch`'s one writer as that clip
-ends (so records, resume and crash safety are batch.py's, unchanged).
+ends (so records, resume and crash safety are batch.py's, unchanged). `describe_many` is the same
+for a list of clips in memory (`specdec calibrate --batch-size`).
 
 A clip whose audio cannot be read gets its error record at once and never takes a row. A failure
 inside the engine (a shared forward) cannot be pinned on one row, so the clips in flight are then
@@ -10,7 +11,7 @@ go on batched."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,13 +19,50 @@ from .batch import DescribeAll
 from .errors import one_line
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .cli import Session
+    from .decoding.config import DecodingConfig
+    from .pipeline import Describer, Description
 
 
 def can_batch(session: Session) -> bool:
     """Only the speculative mode in this process batches: edge-only and cloud-only run HF
     `generate` one clip at a time, and a remote cloud's sessions are the server's to batch."""
     return session.cfg.mode == "spec" and getattr(session.pair, "remote", None) is None
+
+
+def describe_many(describer: Describer, audios: Sequence[np.ndarray], cfg: DecodingConfig, batch_size: int,
+                  on_done: Callable[[int], None] | None = None) -> list[Description]:
+    """Descriptions of `audios`, in their order: `batch_size` rows in flight for the speculative
+    mode in this process, else one clip at a time through `Describer.run`. `on_done(i)` as clip i
+    ends. A batched clip's latency runs from its features to its end, so it includes the other
+    rows' share of each forward (callers timing single clips should use batch size 1)."""
+    from .decoding.batch_loop import speculative_decode_batch
+    from .pipeline import Description
+
+    pair = describer.pair
+    out: list[Description | None] = [None] * len(audios)
+    if batch_size <= 1 or cfg.mode != "spec" or getattr(pair, "remote", None) is not None:
+        for i, audio in enumerate(audios):
+            out[i] = describer.run(audio, cfg)
+            if on_done is not None:
+                on_done(i)
+        return out  # type: ignore[return-value]
+    started: dict[int, float] = {}
+
+    def clips() -> Iterator[tuple[int, Any]]:
+        for i, audio in enumerate(audios):
+            started[i] = time.perf_counter()
+            yield i, describer.inputs(audio)
+
+    for i, result in speculative_decode_batch(pair.edge, pair.cloud, clips(), cfg, pair.masks, pair.eos_ids,
+                                              batch_size):
+        text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
+        out[i] = Description(text, result, time.perf_counter() - started.pop(i))
+        if on_done is not None:
+            on_done(i)
+    return out  # type: ignore[return-value]
 
 
 def batched_describe_all(session: Session, batch_size: int) -> DescribeAll | None:

@@ -44,9 +44,7 @@ from .errors import InputError
 from .phrases import ATTRIBUTES, predict
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from .pipeline import Describer
+    from .pipeline import Description
 
 PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles refines it
 
@@ -195,8 +193,7 @@ def _parse_percentiles(text: str) -> list[float]:
     return ps
 
 
-def _decode(describer: Describer, audio: np.ndarray, run: Run) -> None:
-    out = describer.run(audio, run.cfg)
+def _record(out: Description, run: Run) -> None:
     run.texts.append(out.text)
     run.tokens.append(out.result.stats.tokens)
     run.calls.append(out.result.stats.cloud_calls)
@@ -229,6 +226,9 @@ def calibrate_command(
                                               show_default=False)] = None,
     device: Annotated[str, typer.Option(help="Torch device for both models.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.")] = "float32",
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Clips decoded together by the speculative runs (the same tokens as one at a "
+        "time; see `specdec batch --batch-size`).")] = 8,
 ) -> None:
     """Calibrate the quality and fluent presets for a pair on your clips: cloud-only, edge-only and
     a threshold × k sweep, chosen on one half of the clips and checked on the other."""
@@ -251,6 +251,7 @@ def calibrate_command(
     check = list(range(1, len(paths), 2))
 
     from .audio import load_audio
+    from .batched import describe_many
     from .evaluate import warm_up
     from .models import load_pair, one_thread_if_tiny
     from .pipeline import Describer
@@ -274,10 +275,10 @@ def calibrate_command(
         task = progress.add_task("calibrating", total=total)
 
         def run_all(run: Run) -> Run:
-            for name, audio in zip(names, audios, strict=True):
-                progress.update(task, description=f"{run.name:>14} {name}")
-                _decode(describer, audio, run)
-                progress.advance(task)
+            progress.update(task, description=f"{run.name:>14}")
+            # Speculative runs decode `batch_size` clips at a time (batched.describe_many keeps their order).
+            for out in describe_many(describer, audios, run.cfg, batch_size, lambda _i: progress.advance(task)):
+                _record(out, run)
             runs.append(run)
             return run
 

@@ -382,7 +382,7 @@ def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_p
     for i in range(n):
         write_clip(clips / f"clip_{i:02d}.wav", seconds=1.0, seed=i)
     out = tmp_path / "results.jsonl"
-    args = ["batch", str(clips), "--out", str(out), *models, "--max-new-tokens", "16"]
+    args = ["batch", str(clips), "--out", str(out), *models, "--max-new-tokens", "16", "--batch-size", "1"]
     specdec_exe()  # skips the test where the console script is not installed, as before
     paced = [sys.executable, "-c", PACED_SPECDEC, *args]
 
