@@ -125,13 +125,14 @@ def sampling_uniforms(k: int, generator: torch.Generator) -> tuple[list[float], 
 def first_rejection(draft: list[int], p_draft: list[float], target_probs: Rows, u: list[float]) -> int:
     """The index of the first rejected draft token (k when all are accepted). p_draft[j]: the
     probability the drafter gave draft[j]; target_probs row j: the target's distribution there
-    (rows after the first rejection are never read). Reject when u·p_draft > p_target, i.e. not
+    (rows after the first rejection are never read). Reject when u·p_draft >= p_target, i.e. not
     (u < p_target / p_draft), written without dividing; a token outside the target's width has
-    p_target = 0."""
+    p_target = 0. The `>=` matters: torch.rand can return exactly 0, and with `>` a token the
+    target gives probability 0 would then be kept."""
     for j, token in enumerate(draft):
         row = target_probs[j]
         p_t = float(row[token]) if token < row.shape[-1] else 0.0
-        if u[j] * p_draft[j] > p_t:
+        if u[j] * p_draft[j] >= p_t:
             return j
     return len(draft)
 
