@@ -85,6 +85,9 @@ def eval_command(
     presets_file: Annotated[Path | None, typer.Option(
         "--presets", help="A presets file (e.g. from `specdec calibrate`) for the fluent, quality and always modes.",
         show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Clips decoded together by the speculative modes (same tokens; a clip's latency "
+        "then includes its batch-mates' share of each forward, so keep 1 to compare latencies).")] = 1,
 ) -> None:
     """Score edge-only, cloud-only and the speculative modes on labelled clips: accuracy per
     attribute, sentence validity, cloud calls, latency and speedup."""
@@ -130,10 +133,10 @@ def eval_command(
                 progress.console.print(Text.assemble(("warning: ", "yellow"),
                                                      f"{record['eval_mode']} {record['file']}: {record['error']}"))
 
-        records = evaluate.run_eval(Describer(pair), clips, eval_modes, cloud_rtt_ms, on_record)
+        records = evaluate.run_eval(Describer(pair), clips, eval_modes, cloud_rtt_ms, on_record, batch_size)
 
     settings = {"modes": mode_names, "sweep": sweep, "k": k, "max_new_tokens": max_new_tokens,
-                "cloud_rtt_ms": cloud_rtt_ms, "device": device, "dtype": dtype,
+                "cloud_rtt_ms": cloud_rtt_ms, "device": device, "dtype": dtype, "batch_size": batch_size,
                 "configs": {m.name: m.cfg.as_dict() for m in eval_modes}}
     result = evaluate.build_report(records, eval_modes, edge=pair.edge_id, cloud=pair.cloud_id,
                                    samples=str(directory), labels=str(labels_path), settings=settings)

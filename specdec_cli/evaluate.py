@@ -28,7 +28,7 @@ from .presets import PresetFiles, resolve
 if TYPE_CHECKING:
     import numpy as np
 
-    from .pipeline import Describer
+    from .pipeline import Describer, Description
 
 SENTENCE_ENDS = "。！？"
 MODE_NAMES = ("edge", "cloud", "fluent", "quality", "always")
@@ -178,9 +178,18 @@ def evaluate_clip(describer: Describer, clip: LabelledClip, audio: np.ndarray, m
     try:
         out = describer.run(audio, mode.cfg)
     except Exception as exc:  # any engine failure is reported per clip, like batch does
-        record = build_record(clip.file, None, None, mode.cfg, mode.preset, None, one_line(exc))
-        return {**record, "eval_mode": mode.name, "labels": clip.labels, **score(None, clip.labels),
-                "modelled_latency_s": None}
+        return failed_record(clip, mode, one_line(exc))
+    return scored_record(clip, out, mode, rtt_ms)
+
+
+def failed_record(clip: LabelledClip, mode: EvalMode, error: str) -> dict[str, Any]:
+    record = build_record(clip.file, None, None, mode.cfg, mode.preset, None, error)
+    return {**record, "eval_mode": mode.name, "labels": clip.labels, **score(None, clip.labels),
+            "modelled_latency_s": None}
+
+
+def scored_record(clip: LabelledClip, out: Description, mode: EvalMode, rtt_ms: float = 0.0) -> dict[str, Any]:
+    """A description's result record with its scores and modelled latency."""
     s = out.result.stats
     record = build_record(clip.file, out.text, out.result, mode.cfg, mode.preset, out.latency_s)
     return {
@@ -205,20 +214,36 @@ def warm_up(describer: Describer, audio: np.ndarray) -> None:
 
 def run_eval(describer: Describer, clips: Sequence[LabelledClip], modes: Sequence[EvalMode],
              rtt_ms: float = 0.0, on_record: Callable[[dict[str, Any]], None] | None = None,
-             ) -> list[dict[str, Any]]:
+             batch_size: int = 1) -> list[dict[str, Any]]:
     """Every mode on every clip, one record each. Clips are read (and validated, as `describe`
     does) once, before any decoding; modes run one after another over all clips so each mode's
-    latencies are taken under the same conditions."""
+    latencies are taken under the same conditions. `batch_size` > 1: the speculative modes decode
+    that many clips at a time (batched.describe_many: the same tokens; a clip's latency then
+    includes its batch-mates' share of each forward, so speedups are not per-clip latencies)."""
+    from .batched import describe_many
+
     processor = describer.pair.processor
     audios = [load_audio(c.path, processor.sampling_rate, processor.max_seconds) for c in clips]
     warm_up(describer, audios[0])
     records: list[dict[str, Any]] = []
+
+    def emit(record: dict[str, Any]) -> None:
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+
     for mode in modes:
+        if batch_size > 1 and mode.cfg.mode == "spec":
+            try:
+                outs = describe_many(describer, audios, mode.cfg, batch_size)
+            except Exception:  # a shared forward failed: this mode clip by clip, each failure its own
+                outs = None
+            if outs is not None:
+                for clip, out in zip(clips, outs, strict=True):
+                    emit(scored_record(clip, out, mode, rtt_ms))
+                continue
         for clip, audio in zip(clips, audios, strict=True):
-            record = evaluate_clip(describer, clip, audio, mode, rtt_ms)
-            records.append(record)
-            if on_record is not None:
-                on_record(record)
+            emit(evaluate_clip(describer, clip, audio, mode, rtt_ms))
     return records
 
 

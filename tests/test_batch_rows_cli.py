@@ -4,6 +4,7 @@ ends, resumable, safe to kill; a bad clip or an engine failure costs only its ow
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -147,3 +148,22 @@ def test_batch_size_must_be_positive(tmp_path, clips, models):
     result = CliRunner().invoke(app, ["batch", str(clips), "--out", str(tmp_path / "r.jsonl"), "--batch-size", "0",
                                       *models])
     assert result.exit_code == 2 and "batch-size" in result.output
+
+
+def test_eval_batched_scores_equal_one_at_a_time():
+    """`specdec eval --batch-size 4` on the bundled samples: every record's description and counters,
+    and so every accuracy and cost figure, equal the --batch-size 1 run's (latencies aside)."""
+    reports = []
+    for size in ("1", "4"):
+        result = CliRunner().invoke(app, ["eval", str(Path(__file__).resolve().parents[1] / "samples"),
+                                          "--modes", "fluent,always", "--batch-size", size, "--json"])
+        assert result.exit_code == 0, result.stderr
+        reports.append(json.loads(result.stdout))
+    one, four = reports
+    assert four["settings"]["batch_size"] == 4
+    drop = TIMING | {"latency_modelled_s", "modelled_latency_s"}
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in one["records"]]
+            == [{k: v for k, v in r.items() if k not in drop} for r in four["records"]])
+    for a, b in zip(one["modes"], four["modes"], strict=True):
+        assert (a["accuracy"], a["cloud_calls"], a["cloud_work_tokens"]) == (b["accuracy"], b["cloud_calls"],
+                                                                              b["cloud_work_tokens"])
