@@ -142,3 +142,44 @@ def test_rows_joining_together_match_their_own_full_forward(which, request, clip
     got = state.advance({key: [43] for key in "abcd"})
     for key in "abcd":
         check_row(model, state, key, clips[key], got[key])
+
+
+def compressed_audio_positions(model):
+    """A get_rope_index under which a prompt's audio placeholders share one position (as an
+    image's patches share positions in Qwen2.5-Omni), so rope_deltas = positions used − tokens is
+    negative and differs per clip: what a row must add to its own length for the positions of
+    every token after the prompt. Audio-only prompts give rope_deltas 0 with the real one."""
+    audio = model.config.audio_token_id
+
+    def get_rope_index(input_ids, image_grid_thw=None, video_grid_thw=None, attention_mask=None,
+                       use_audio_in_video=False, audio_seqlens=None, second_per_grids=None):
+        b, n = input_ids.shape
+        pos, deltas = torch.zeros(3, b, n, dtype=torch.long), torch.zeros(b, 1, dtype=torch.long)
+        for i in range(b):
+            p, out, prev = 0, [], None
+            for t in input_ids[i].tolist():
+                if t == audio and prev == audio:
+                    out.append(p - 1)
+                else:
+                    out.append(p)
+                    p += 1
+                prev = t
+            pos[:, i] = torch.tensor(out)
+            deltas[i] = p - n
+        return pos.to(input_ids.device), deltas.to(input_ids.device)
+
+    return get_rope_index
+
+
+def test_each_row_adds_its_own_rope_deltas(cloud, clips, monkeypatch):
+    monkeypatch.setattr(cloud.model, "get_rope_index", compressed_audio_positions(cloud), raising=False)
+    state = BatchState(cloud, "cloud")
+    for key in "abc":
+        state.join(key, clips[key])
+    deltas = {key: state[key].delta for key in "abc"}
+    assert all(d < 0 for d in deltas.values()) and len(set(deltas.values())) == 3  # per row, not one for all
+    got = state.advance({"a": [40, 41], "b": [42], "c": [43, 44, 45]})
+    state.rollback("c", len(state["c"]) - 2)
+    got.update(state.advance({"c": [46, 47]}))
+    for key in "abc":
+        check_row(cloud, state, key, clips[key], got[key])
