@@ -33,6 +33,7 @@ from ..errors import InputError, SpecdecError
 from . import wire
 
 TOKEN_ENV = "SPECDEC_TOKEN"
+RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
 
 
 class CloudUnreachable(SpecdecError):
@@ -77,10 +78,15 @@ class RemoteClient:
     while the server is unreachable (a restart) or full (503); `link_delay_s` adds a round-trip
     delay per request, for measuring a slower link on loopback (bench/remote.py)."""
 
-    def __init__(self, url: str, token: str | None = None, retry_s: float = 20.0,
+    def __init__(self, url: str, token: str | None = None, retry_s: float | None = None,
                  link_delay_s: float = 0.0, timeout_s: float = 300.0) -> None:
         self.url = url.rstrip("/")
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+        if retry_s is None:
+            try:
+                retry_s = float(os.environ.get(RETRY_ENV, "20"))
+            except ValueError:
+                raise InputError(f"{RETRY_ENV} must be a number of seconds") from None
         self.retry_s, self.link_delay_s = retry_s, link_delay_s
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)

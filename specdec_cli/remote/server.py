@@ -22,13 +22,14 @@ idle sessions evicted after --session-ttl. Model work runs in a worker thread un
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -413,6 +414,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 raise ApiError(409, "out_of_sync", f"the session holds {held} tokens, the client said {req.held}; "
                                                    "rebuild it")
             sequence_len = held + len(req.pending)
+            if not req.pending and session.cloud.state.last_logits is None:
+                raise ApiError(400, "bad_request", "the session was cut back to a prefix; send the token that "
+                                                   "follows it (the recovered one) in pending")
         if sequence_len + k > hosted.context:
             raise ApiError(400, "too_long", f"{sequence_len + k} tokens are over the model's context ({hosted.context})")
 
@@ -473,8 +477,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
     async def close(request: Request) -> Response:
         owner = owner_of(request)
-        closed = sessions.close(request.path_params["sid"], owner)
-        return JSONResponse({"closed": closed})
+        if not sessions.close(request.path_params["sid"], owner):
+            raise ApiError(404, "unknown_session", "no such session (it ended, was evicted or the server restarted)")
+        return JSONResponse({"closed": True})
 
     def _verify(session: CloudSession, sequence: list[int], req: wire.VerifyRequest) -> wire.VerifyResponse:
         """Score, judge, roll back: the in-process loop's steps 4-5 for one block (worker thread)."""
@@ -555,6 +560,16 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
     app = create_app(hosted, options)
 
     class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises the signal that stopped it once it has shut down (so a SIGTERM
+            # still kills the process, -15). A server stopped on request has stopped cleanly: exit 0.
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:  # the real port, also when --port 0 let the system pick one
