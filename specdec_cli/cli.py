@@ -387,8 +387,8 @@ def _print_record(record: dict[str, Any], json_out: bool) -> None:
 # Measured on the bundled pair, 2 CPU cores (README, "specdec batch --batch-size").
 DEFAULT_BATCH_SIZE = 8
 BatchSizeOpt = Annotated[int, typer.Option(
-    "--batch-size", min=1, help="Clips decoded together in one forward per model (spec mode in this process; "
-    "edge/cloud modes and a remote cloud go one at a time). Records are written as each clip ends.")]
+    "--batch-size", min=1, help="Clips decoded together, one forward per model for all (in this process; a remote "
+    "cloud and sampled edge/cloud modes go one at a time). Records are written as each clip ends.")]
 
 _R = "Ray (many processes or machines)"
 RayOpt = Annotated[str | None, typer.Option(
@@ -464,8 +464,11 @@ def batch(
             task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing",
                                      total=len(todo))
 
+            link = ui.LinkTally()
+
             def on_done(path: Path, record: dict[str, Any]) -> None:
                 progress.advance(task)
+                link.add(record)
                 if record["error"] is not None:
                     progress.console.print(f"failed: {path}: {record['error']}", markup=False, style="yellow",
                                            soft_wrap=True)  # one line per file, even in a log
@@ -478,6 +481,8 @@ def batch(
                 summary = run_batch(files, results, None, None, on_done,
                                     describe_all=_ray_describe_all(ray_options, flags, batch_size, progress.console))
     err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, str(out)))
+    if link.clips:
+        err.print(link.line(), markup=False, soft_wrap=True)
     if summary.failed:
         raise SpecdecError(f"{summary.failed} of {len(files)} files failed; their records in {out} say why "
                            "(rerun to retry them)")

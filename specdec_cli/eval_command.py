@@ -26,7 +26,7 @@ from .presets import check_presets_file
 def _tables(report: dict[str, Any]) -> list[Table]:
     rtt = bool(report["settings"].get("cloud_rtt_ms"))
     tables = []
-    for title, cols in evaluate.summary_tables(rtt):
+    for title, cols in evaluate.summary_tables(rtt, evaluate.has_link(report)):
         table = Table(title=f"{title} · {report['clips']} clips", title_style="bold", box=box.SIMPLE_HEAD)
         for i, (header, _) in enumerate(cols):
             table.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)

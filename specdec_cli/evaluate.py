@@ -202,6 +202,8 @@ def scored_record(clip: LabelledClip, out: Description, mode: EvalMode, rtt_ms: 
         # much as a 20-block one).
         "verified_drafted": s.verified_drafted,
         "verified_accepted": s.verified_accepted,
+        # With a remote cloud: what crossed the link, measured at the client.
+        **(out.link.as_record() if out.link is not None else {}),
     }
 
 
@@ -322,6 +324,13 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
         "cloud_work_forwards": _mean_field(ok, "cloud_work_forwards"),
         "no_cloud_share": (sum(r["cloud_work_forwards"] == 0 for r in ok) / len(ok)
                            if ok and all(r.get("cloud_work_forwards") is not None for r in ok) else None),
+        # A remote cloud (--cloud URL): the link, measured; the share of clips that sent nothing.
+        "uplink_bytes": _mean_field(ok, "uplink_bytes"),
+        "downlink_bytes": _mean_field(ok, "downlink_bytes"),
+        "round_trips": _mean_field(ok, "round_trips"),
+        "cloud_wait_s": _mean_field(ok, "cloud_wait_s"),
+        "sent_nothing_share": (sum(r["uplink_bytes"] == 0 for r in ok) / len(ok)
+                               if ok and all("uplink_bytes" in r for r in ok) else None),
         "cloud_work_tokens_vs_cloud": None,
         "cloud_work_forwards_vs_cloud": None,
         "latency_s": latency_stats([r["latency_s"] for r in ok]),
@@ -405,9 +414,15 @@ def fmt(value: Any, digits: int = 3, pct: bool = False) -> str:
 Column = tuple[str, Callable[[dict[str, Any]], str]]
 
 
-def summary_tables(rtt: bool) -> list[tuple[str, list[Column]]]:
-    """(title, [(header, cell)]) for the mode summary, in three narrow tables (quality, cost,
-    latency) that fit a terminal; shared by the Rich tables and the Markdown report."""
+def has_link(report: dict[str, Any]) -> bool:
+    """Whether the report's modes ran against a remote cloud (their link was measured)."""
+    return any(s.get("sent_nothing_share") is not None for s in report["modes"])
+
+
+def summary_tables(rtt: bool, link: bool = False) -> list[tuple[str, list[Column]]]:
+    """(title, [(header, cell)]) for the mode summary, in narrow tables (quality, cost, cloud work,
+    latency, and with a remote cloud the link) that fit a terminal; shared by the Rich tables and
+    the Markdown report."""
     def lat(key: str, q: str) -> Callable[[dict[str, Any]], str]:
         return lambda s: fmt(s[key][q])
 
@@ -453,8 +468,18 @@ def summary_tables(rtt: bool) -> list[tuple[str, list[Column]]]:
         ("fwd vs cloud", lambda s: fmt(s.get("cloud_work_forwards_vs_cloud"), 2)),
         ("no cloud", lambda s: fmt(s.get("no_cloud_share"), pct=True)),
     ]
-    return [("quality", quality), ("cost per clip (after prefill)", cost),
-            ("cloud work per clip (prefill included)", work), ("latency (s)", latency)]
+    tables = [("quality", quality), ("cost per clip (after prefill)", cost),
+              ("cloud work per clip (prefill included)", work), ("latency (s)", latency)]
+    if link:
+        tables.append(("remote cloud link per clip (measured at the client)", [
+            ("mode", lambda s: s["mode"]),
+            ("up kB", lambda s: fmt(s["uplink_bytes"] / 1000 if s.get("uplink_bytes") is not None else None, 1)),
+            ("down kB", lambda s: fmt(s["downlink_bytes"] / 1000 if s.get("downlink_bytes") is not None else None, 2)),
+            ("round trips", lambda s: fmt(s.get("round_trips"), 1)),
+            ("wait s", lambda s: fmt(s.get("cloud_wait_s"))),
+            ("sent nothing", lambda s: fmt(s.get("sent_nothing_share"), pct=True)),
+        ]))
+    return tables
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -479,7 +504,7 @@ def markdown(report: dict[str, Any]) -> str:
         "## Modes",
         "",
     ]
-    for title, cols in summary_tables(rtt):
+    for title, cols in summary_tables(rtt, has_link(report)):
         lines += [f"### {title.capitalize()}", ""]
         lines += _md_table([h for h, _ in cols], [[cell(s) for _, cell in cols] for s in report["modes"]])
         lines += [""]

@@ -299,6 +299,37 @@ def batch_summary(ok: int, failed: int, skipped: int, out: str) -> Text:
     return text
 
 
+class LinkTally:
+    """What a batch sent to a remote cloud, from its records (`--cloud URL` runs only)."""
+
+    def __init__(self) -> None:
+        self.clips = self.silent = self.up = self.down = self.trips = 0
+        self.wait_s = 0.0
+
+    def add(self, record: dict) -> None:
+        if record.get("error") is not None or "uplink_bytes" not in record:
+            return
+        self.clips += 1
+        self.silent += record["uplink_bytes"] == 0
+        self.up += record["uplink_bytes"]
+        self.down += record["downlink_bytes"]
+        self.trips += record["round_trips"]
+        self.wait_s += record["cloud_wait_s"]
+
+    def line(self) -> str:
+        return (f"cloud link: {self.silent} of {self.clips} clips sent nothing ({self.silent / self.clips:.0%}) · "
+                f"{_size(self.up)} up · {_size(self.down)} down · {self.trips} round trips · "
+                f"{self.wait_s:.2f} s waiting on the cloud")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB"):
+        if n < 1000 or unit == "MB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
 def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
     """Presets with their values and where they come from, then what each is for. `base` holds the
     presets of configs/ alone, to say when a model folder's file overrides one of them."""
