@@ -49,7 +49,7 @@ def remote(server):
 def heldout(tmp_path_factory):
     """Eight held-out demo clips (clauses never used in training), made with espeak-ng."""
     if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (.ci/run installs it)")
+        pytest.skip("espeak-ng is not installed (`make test` installs it)")
     from specdec_cli.demo.heldout import write_heldout
 
     out = tmp_path_factory.mktemp("heldout")
