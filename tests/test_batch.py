@@ -334,78 +334,96 @@ def test_batch_subprocess_records_the_bad_corpus_without_tracebacks(tmp_path, mo
         assert phrase in records[path.name]["error"], records[path.name]
 
 
-# The real `specdec batch` (same entry point, its own process, real signals and files), paced at
-# >= 0.25 s per clip: with the tiny pair one clip takes tens of milliseconds, and on a loaded
-# machine the poller below once woke only after all 24 were done (CI, 2026-11-23). Sleeping
-# costs no CPU, so the pace holds however busy the machine is. Test-only: the pacing lives here.
-PACED_SPECDEC = """
-import sys, time
+# The real `specdec batch` (same entry point, its own process, real signals and files), gated: after
+# each record it appends (the one writer every describe path goes through, one clip at a time or
+# rows in flight), the child blocks until the test lets it go on, by reading one byte from a pipe
+# the test holds. The test lets it write exactly N records, waits for the file to hold them (file
+# contents, not a schedule: the child cannot run ahead), then signals it. No sleep decides anything,
+# however loaded the machine. Test-only: the gate lives here.
+GATED_SPECDEC = """
+import os, sys
 import specdec_cli.batch as batch
-each = batch._describe_each
-def paced(todo, describe, error_record):
-    def slow(path):
-        time.sleep(0.25)
-        return describe(path)
-    yield from each(todo, slow, error_record)
-batch._describe_each = paced
+gate = int(os.environ["SPECDEC_TEST_GATE_FD"])
+append = batch.ResultsFile.append
+def gated(self, record):
+    append(self, record)
+    if not os.read(gate, 1):  # blocks until the test allows one more record
+        os._exit(3)           # the test closed the pipe: it is gone
+batch.ResultsFile.append = gated
 from specdec_cli.cli import main
 main()
 """
 
 
-def kill_when(cmd: list[str], out: Path, lines_at_least: int, sig: signal.Signals) -> subprocess.CompletedProcess:
-    """Start a batch and send it `sig` as soon as the results file holds `lines_at_least` lines."""
+def count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def signal_after(args: list[str], out: Path, records: int, sig: signal.Signals) -> subprocess.CompletedProcess:
+    """Run the gated batch, let it append exactly `records` more lines to `out`, then send `sig`
+    while it waits at the gate."""
+    read_end, write_end = os.pipe()
+    env = dict(subprocess_env(), SPECDEC_TEST_GATE_FD=str(read_end))
+    start = count_lines(out)
     # SIGINT back to its default in the child: a test run started in the background of a
     # non-interactive shell (`make test &`, some CI runners) inherits SIGINT *ignored*, and Python
     # then installs no KeyboardInterrupt handler, so Ctrl-C would be simulated on a process that
     # cannot receive it (the batch simply finished: rc 0, a clean-clone CI failure).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+    proc = subprocess.Popen([sys.executable, "-c", GATED_SPECDEC, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, pass_fds=(read_end,),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 300
+    os.close(read_end)
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and out.read_bytes().count(b"\n") >= lines_at_least:
-                break
-            time.sleep(0.02)
+        os.write(write_end, b"x" * (records - 1))  # the records-th append then blocks at the gate
+        # Compaction rewrites the file first (same line count), then each clip appends one line.
+        deadline = time.monotonic() + 600  # a guard against a hung child, not a pace
+        while proc.poll() is None and count_lines(out) < start + records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, f"the batch ended early: {proc.communicate()}"
+        assert count_lines(out) == start + records
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=300)
     finally:
+        os.close(write_end)
         if proc.poll() is None:
-            proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_path, models):
     """Ctrl-C (SIGINT), then SIGKILL, then a full run: every clip recorded once, nothing lost, and
     the lock the killed run left behind does not block the resumed one."""
     clips = tmp_path / "clips"
-    n = 24
+    n = 8
     for i in range(n):
-        write_clip(clips / f"clip_{i:02d}.wav", seconds=1.0, seed=i)
+        write_clip(clips / f"clip_{i:02d}.wav", seconds=0.5, seed=i)
     out = tmp_path / "results.jsonl"
-    args = ["batch", str(clips), "--out", str(out), *models, "--max-new-tokens", "16", "--batch-size", "1"]
+    # One clip at a time (run_batch's default describe path); test_batch_rows_cli runs the same gate
+    # with rows in flight.
+    args = ["batch", str(clips), "--out", str(out), *models, *FAST, "--batch-size", "1"]
     specdec_exe()  # skips the test where the console script is not installed, as before
-    paced = [sys.executable, "-c", PACED_SPECDEC, *args]
 
-    interrupted = kill_when(paced, out, 2, signal.SIGINT)
+    interrupted = signal_after(args, out, 2, signal.SIGINT)
     assert interrupted.returncode == 130, interrupted.stderr
     assert interrupted.stderr.strip().endswith("interrupted") and "Traceback" not in interrupted.stderr
     after_int = read_records(out)
-    assert 2 <= len(after_int) < n, "interrupted too late to test resuming"
+    assert len(after_int) == 2
 
     assert not lock_path(out).exists()  # an interrupted run lets go of its lock
-    killed = kill_when(paced, out, len(after_int) + 2, signal.SIGKILL)
+    killed = signal_after(args, out, 3, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
     assert lock_path(out).exists()  # a killed one leaves its lock file; the kernel dropped the lock itself
     after_kill = read_records(out)
-    assert len(after_int) + 2 <= len(after_kill) < n, "killed too late to test resuming"
-    assert [r["file"] for r in after_kill[: len(after_int)]] == [r["file"] for r in after_int]
+    assert len(after_kill) == 5
+    assert after_kill[:2] == after_int
 
     resumed = subprocess.run([specdec_exe(), *args], capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert "Traceback" not in resumed.stderr and f"{len(after_kill)} skipped" in resumed.stderr
+    assert "Traceback" not in resumed.stderr and "5 skipped" in resumed.stderr
     final = lines(out)  # every line parses: no torn line left behind
     files = [r["file"] for r in final]
     assert len(files) == n and len(set(files)) == n  # complete, no clip recorded twice
     assert all(r["error"] is None for r in final)
-    assert [r["file"] for r in final[: len(after_kill)]] == [r["file"] for r in after_kill]  # nothing lost
+    assert final[:5] == after_kill  # nothing lost, nothing rewritten
     assert not lock_path(out).exists()

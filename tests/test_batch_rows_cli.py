@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from cli_helpers import run_specdec, specdec_exe, subprocess_env, write_clip
-from test_batch import kill_when, lines
+from test_batch import lines, signal_after
 from typer.testing import CliRunner
 
 from specdec_cli.batch import read_records
@@ -89,22 +88,6 @@ def test_an_engine_failure_falls_back_to_one_at_a_time_for_the_rows_in_flight(tm
     assert [name for name, r in records.items() if r["error"] is not None] == ["broken.wav"]
 
 
-# The real command in its own process, paced at >= 0.25 s per record (see test_batch.PACED_SPECDEC
-# for why: sleeping costs no CPU, so the pace holds on a loaded machine).
-PACED_ROWS = """
-import time
-import specdec_cli.batched as batched
-rows = batched._describe_rows
-def paced(session, todo, batch_size):
-    for item in rows(session, todo, batch_size):
-        time.sleep(0.25)
-        yield item
-batched._describe_rows = paced
-from specdec_cli.cli import main
-main()
-"""
-
-
 def test_batched_run_killed_resumes_complete_without_duplicates(tmp_path, models):
     clips = tmp_path / "clips"
     n = 16
@@ -113,10 +96,12 @@ def test_batched_run_killed_resumes_complete_without_duplicates(tmp_path, models
     out = tmp_path / "results.jsonl"
     args = ["batch", str(clips), "--out", str(out), "--batch-size", "4", *models, *FAST]
     specdec_exe()
-    killed = kill_when([sys.executable, "-c", PACED_ROWS, *args], out, 3, signal.SIGKILL)
+    # The real command in its own process, gated after each record it appends (test_batch.signal_after):
+    # killed with exactly 3 records written, however loaded the machine.
+    killed = signal_after(args, out, 3, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
     after_kill = read_records(out)
-    assert 3 <= len(after_kill) < n, "killed too late to test resuming"
+    assert len(after_kill) == 3
     resumed = subprocess.run([specdec_exe(), *args], capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{len(after_kill)} skipped" in resumed.stderr
