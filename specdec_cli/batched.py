@@ -26,10 +26,21 @@ if TYPE_CHECKING:
     from .pipeline import Describer, Description
 
 
-def can_batch(session: Session) -> bool:
-    """Only the speculative mode in this process batches: edge-only and cloud-only run HF
-    `generate` one clip at a time, and a remote cloud's sessions are the server's to batch."""
-    return session.cfg.mode == "spec" and getattr(session.pair, "remote", None) is None
+def batchable(pair: Any, cfg: DecodingConfig) -> bool:
+    """Whether this run can put clips in rows: every mode in this process, but not sampled edge-only
+    or cloud-only (HF `generate` draws them from torch's global generator, whose stream would depend
+    on the batch-mates), nor a remote cloud (its sessions are the server's to batch)."""
+    return getattr(pair, "remote", None) is None and (cfg.mode == "spec" or not cfg.sample)
+
+
+def _engine(pair: Any, cfg: DecodingConfig, clips: Iterator[tuple[Any, Any]], batch_size: int) -> Iterator:
+    """(key, DecodeResult) as each clip ends: the batched speculative loop, or one model alone."""
+    from .decoding.batch_loop import generate_batch, speculative_decode_batch  # torch: loaded with the models
+
+    if cfg.mode == "spec":
+        return speculative_decode_batch(pair.edge, pair.cloud, clips, cfg, pair.masks, pair.eos_ids, batch_size)
+    model = pair.cloud if cfg.mode == "cloud" else pair.edge
+    return generate_batch(model, clips, cfg, pair.masks, pair.eos_ids, batch_size)
 
 
 def describe_many(describer: Describer, audios: Sequence[np.ndarray], cfg: DecodingConfig, batch_size: int,
@@ -38,12 +49,11 @@ def describe_many(describer: Describer, audios: Sequence[np.ndarray], cfg: Decod
     mode in this process, else one clip at a time through `Describer.run`. `on_done(i)` as clip i
     ends. A batched clip's latency runs from its features to its end, so it includes the other
     rows' share of each forward (callers timing single clips should use batch size 1)."""
-    from .decoding.batch_loop import speculative_decode_batch
     from .pipeline import Description
 
     pair = describer.pair
     out: list[Description | None] = [None] * len(audios)
-    if batch_size <= 1 or cfg.mode != "spec" or getattr(pair, "remote", None) is not None:
+    if batch_size <= 1 or not batchable(pair, cfg):
         for i, audio in enumerate(audios):
             out[i] = describer.run(audio, cfg)
             if on_done is not None:
@@ -56,8 +66,7 @@ def describe_many(describer: Describer, audios: Sequence[np.ndarray], cfg: Decod
             started[i] = time.perf_counter()
             yield i, describer.inputs(audio)
 
-    for i, result in speculative_decode_batch(pair.edge, pair.cloud, clips(), cfg, pair.masks, pair.eos_ids,
-                                              batch_size):
+    for i, result in _engine(pair, cfg, clips(), batch_size):
         text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
         out[i] = Description(text, result, time.perf_counter() - started.pop(i))
         if on_done is not None:
@@ -67,8 +76,8 @@ def describe_many(describer: Describer, audios: Sequence[np.ndarray], cfg: Decod
 
 def batched_describe_all(session: Session, batch_size: int) -> DescribeAll | None:
     """run_batch's `describe_all` for `batch_size` rows in flight; None when this run decodes one
-    clip at a time (batch size 1, or `can_batch` says no)."""
-    if batch_size <= 1 or not can_batch(session):
+    clip at a time (batch size 1, or `batchable` says no)."""
+    if batch_size <= 1 or not batchable(session.pair, session.cfg):
         return None
 
     def describe_all(todo: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -78,7 +87,6 @@ def batched_describe_all(session: Session, batch_size: int) -> DescribeAll | Non
 
 
 def _describe_rows(session: Session, todo: list[Path], batch_size: int) -> Iterator[tuple[Path, dict[str, Any]]]:
-    from .decoding.batch_loop import speculative_decode_batch  # torch: loaded with the models
     from .pipeline import Description
 
     pair, cfg, describer = session.pair, session.cfg, session.describer
@@ -100,7 +108,7 @@ def _describe_rows(session: Session, todo: list[Path], batch_size: int) -> Itera
 
     finished = False
     while not finished:
-        engine = speculative_decode_batch(pair.edge, pair.cloud, clips(), cfg, pair.masks, pair.eos_ids, batch_size)
+        engine = _engine(pair, cfg, clips(), batch_size)
         try:
             for path, result in engine:
                 yield from _drain(failed)

@@ -146,3 +146,18 @@ def test_rows_leave_as_they_end_and_waiting_clips_join(pair, sample_audio):
     assert ended.index(short) < ended.index(long)
     assert blocks.index(rest[0]) < len(blocks) - 1 - blocks[::-1].index(long)  # joined while `long` was in flight
     assert sorted(ended) == sorted(inputs)
+
+
+@pytest.mark.parametrize("mode", ["edge", "cloud"])
+def test_one_model_rows_equal_hf_generate(pair, sample_audio, other_audio, mode):
+    """`generate_batch` (edge-only / cloud-only in rows) against HF `generate` per clip: tokens and
+    the counters a record reports."""
+    from specdec_cli.decoding.batch_loop import generate_batch
+
+    cfg = fluent(pair).with_(mode=mode)
+    model = pair.cloud if mode == "cloud" else pair.edge
+    inputs = {name: pair.processor(audio) for name, audio in {**sample_audio, **other_audio}.items()}
+    ref = {k: generate_baseline(model, x, cfg, pair.masks, pair.eos_ids) for k, x in inputs.items()}
+    ours = dict(generate_batch(model, inputs.items(), cfg, pair.masks, pair.eos_ids, 5))
+    assert_rows_equal(pair, inputs, ours, ref, cfg, f"{mode}-only, batch 5")
+    assert {k: r.stats for k, r in ours.items()} == {k: r.stats for k, r in ref.items()}

@@ -37,17 +37,20 @@ def clips(tmp_path) -> Path:
     return root
 
 
-def test_batched_records_equal_one_at_a_time(tmp_path, clips, models):
+@pytest.mark.parametrize("mode", [["--verify", "always"], ["--mode", "cloud"], ["--mode", "edge"]],
+                         ids=["spec", "cloud", "edge"])
+def test_batched_records_equal_one_at_a_time(tmp_path, clips, models, mode):
     one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
     for out, size in ((one, "1"), (many, "3")):
         result = CliRunner().invoke(app, ["batch", str(clips), "--out", str(out), "--batch-size", size,
-                                          "--verify", "always", *models, *FAST])
+                                          *mode, *models, *FAST])
         assert result.exit_code == 1, result.output  # broken.wav failed; the batch finished and says so
     a, b = by_file(one), by_file(many)
     assert set(a) == set(b) and len(a) == 8
     assert a == b  # descriptions, tokens, cloud work, errors: all but the clock
     assert "cannot decode" in b["broken.wav"]["error"]
-    assert sum(r["cloud_calls"] for r in b.values() if r["error"] is None) > 0
+    work = "edge_forwards" if mode[-1] == "edge" else "cloud_calls"
+    assert sum(r[work] for r in b.values() if r["error"] is None) > 0
 
 
 def test_batched_run_resumes_and_skips_what_is_recorded(tmp_path, clips, models):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .acceptance import Verdict
+from .acceptance import Verdict, first_argmax
 from .batch_state import BatchState
 from .config import DecodingConfig
 from .drafter import Drafting, Proposal
@@ -217,3 +217,57 @@ def _verify_all(cloud: BatchState, rows: dict[Hashable, _Clip], proposals: dict[
         verdicts[key] = (judge(proposal, scores, row.generator, acceptance),
                          cloud[key].tokens_fed - fed0, cloud[key].prefill_tokens - prefill0)
     return verdicts
+
+
+def generate_batch(
+    model: PreTrainedModel,
+    clips: Iterable[tuple[Hashable, Mapping[str, torch.Tensor]]],
+    cfg: DecodingConfig,
+    masks: VocabMasks,
+    eos_ids: list[int],
+    batch_size: int = 8,
+) -> Iterator[tuple[Hashable, DecodeResult]]:
+    """One model alone (cfg.mode "edge" or "cloud"), greedy, for many clips: what
+    `baselines.generate_baseline` (HF `generate`) gives each clip, its counters included, with one
+    forward per step for all rows. Per row: the rules process the logits (the same objects HF runs
+    as logits processors), the first argmax is the token (HF's greedy choice), the rules' stop test
+    ends the row. Sampling is not batched here: HF draws from torch's global generator, whose
+    stream depends on every row (callers decode sampled baselines one clip at a time)."""
+    assert not cfg.sample, "sampled baselines run one clip at a time (HF generate)"
+    assert batch_size >= 1, "batch_size must be at least 1"
+    state = BatchState(model, cfg.mode)
+    incoming = iter(clips)
+    rows: dict[Hashable, tuple[list[int], DecodingRules]] = {}   # key -> (prompt + answer, rules)
+    logits: dict[Hashable, torch.Tensor] = {}
+    while True:
+        # 1. Join: each new clip's prompt runs now (its own forward); its logits give the first token.
+        while len(rows) < batch_size and (nxt := next(incoming, None)) is not None:
+            key, inputs = nxt
+            logits[key] = state.join(key, inputs)[-1]
+            prompt_len = len(state[key])
+            rows[key] = (list(state[key].ids), DecodingRules.build(cfg, masks, prompt_len, eos_ids))
+        if not rows:
+            return
+        # 2. Each row picks its token; a row whose token ends generation leaves, the others feed it.
+        feed: dict[Hashable, list[int]] = {}
+        for key, (sequence, rules) in list(rows.items()):
+            token = first_argmax(rules.process_ids(sequence, logits.pop(key)))
+            if extend(sequence, [token], rules):
+                rows.pop(key)
+                row = state.leave(key)
+                stats = DecodeStats(tokens=len(sequence) - rules.prompt_len)
+                if cfg.mode == "cloud":
+                    count_work(stats, _NoWork(), row)
+                else:
+                    count_work(stats, row, None)
+                yield key, DecodeResult(sequence[rules.prompt_len:], stats)
+            else:
+                feed[key] = [token]
+        # 3. One forward for every row still going.
+        logits.update({key: got[-1] for key, got in state.advance(feed).items()})
+
+
+class _NoWork:
+    """The edge's counters in a cloud-only run: it never ran."""
+
+    forwards = 0
