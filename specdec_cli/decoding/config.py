@@ -21,7 +21,12 @@ class DecodingConfig:
     constraints: bool = True        # False: plain decoding, no processors (comparable with plain HF generate)
     max_new_tokens: int = 64
     sample: bool = False
+    # HF's warpers, applied in this order after the rules, once, on both models (F6, F13): they
+    # shape what --sample draws from; a greedy choice never changes under them, and the gate's
+    # entropy is read before them (drafter.Drafting), so neither do the escalations.
     temperature: float = 1.0
+    top_p: float = 1.0              # nucleus: keep the fewest tokens holding this much probability
+    top_k: int = 0                  # keep the k likeliest tokens; 0 = all
     seed: int = 0
     # Constraint knobs (seeds 003/004), all over the answer's CJK content *characters*, so they mean
     # the same on every tokenizer (README, "The engine", says why these values).
@@ -43,6 +48,10 @@ class DecodingConfig:
             raise ValueError("comma_min_chars and stop_min_chars must be non-negative")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if self.mode not in ("spec", "edge", "cloud"):
             raise ValueError(f"mode must be spec, edge or cloud, got {self.mode!r}")
         if self.verify not in ("entropy", "always"):

@@ -92,11 +92,21 @@ class Drafting:
         that ends generation): the last draft token is not fed, it is consumed with the next
         block's catch-up, whatever the verdict."""
         rules, context = self.rules, self.sequence + self.tokens
-        scores = rules.process_ids(context, logits)
+        # The gate's entropy is that of the rules' distribution *before* HF's warpers: it measures
+        # the edge's uncertainty, not the sampling knobs (top-k 1 would read 0 nats and never
+        # escalate; thresholds calibrated at temperature 1 keep their meaning). A greedy choice is
+        # the same either way (the warpers keep the argmax); a sample is drawn from the warped row,
+        # the one the cloud's rows are warped like, so rejection sampling stays exact.
+        scores = rules.process_ids(context, logits, warp=False)
         width = scores.shape[-1]
-        changed = rules.changed_ids(context, width)
-        token, h, p = pick(scores, self.generator, () if changed is not None else rules.banned_parts(context, width),
+        changed = rules.changed_ids(context, width, warp=False)
+        warped = self.generator is not None and rules.warps
+        token, h, p = pick(scores, None if warped else self.generator,
+                           () if changed is not None else rules.banned_parts(context, width),
                            raw=logits if changed is not None else None, changed=changed)
+        if warped:
+            p = torch.softmax(rules.warp(context, scores), dim=-1)
+            token = draw(p, self.generator)
         self.tokens.append(token)
         self.entropies.append(h)
         if p is not None:

@@ -46,6 +46,8 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
     TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
 )
 
 from .config import DecodingConfig
@@ -415,6 +417,21 @@ class SentenceEndCriteria(StoppingCriteria):
 
 # -- all rules of one clip -------------------------------------------------------------------------
 
+_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+
+def warpers(cfg: DecodingConfig) -> list[LogitsProcessor]:
+    """HF's sampling warpers for `cfg`, in the order `generate` applies them."""
+    out: list[LogitsProcessor] = []
+    if cfg.temperature != 1.0:
+        out.append(TemperatureLogitsWarper(cfg.temperature))
+    if cfg.top_k > 0:
+        out.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p < 1.0:
+        out.append(TopPLogitsWarper(cfg.top_p))
+    return out
+
+
 @dataclass
 class DecodingRules:
     """The processors and stopping criteria for one clip: what the edge may draft, what the cloud
@@ -441,9 +458,9 @@ class DecodingRules:
             ])
         else:
             procs.append(PastTokenizerRows(prompt_len, masks, tracker))
-        # Temperature once, last (F6). With temperature 1 it is the identity and is left out.
-        if cfg.temperature != 1.0:
-            procs.append(TemperatureLogitsWarper(cfg.temperature))
+        # HF's warpers after every rule, in generate's order: temperature once (F6), top-k, top-p.
+        # Each is left out where it is the identity.
+        procs.extend(warpers(cfg))
         end = SentenceEndCriteria(prompt_len, masks, cfg.stop_min_chars, tracker)
         return cls(procs, end, list(eos_ids), prompt_len, cfg.max_new_tokens, tracker)
 
@@ -467,6 +484,12 @@ class DecodingRules:
         self._never = next((p for p in rules if isinstance(p, NeverEmit)), None)
         self._dynamic = [p for p in rules if p is not self._penalty and p is not self._never]
         self._hf = procs[len(rules):]
+        self._unwarped = [p for p in self._hf if not isinstance(p, _WARPERS)]
+
+    @property
+    def warps(self) -> bool:
+        """Whether HF warpers (temperature, top-k, top-p) follow the rules."""
+        return len(self._unwarped) != len(self._hf)
 
     def answer(self, ids: Sequence[int]) -> Sequence[int]:
         return ids[self.prompt_len:]
@@ -504,11 +527,12 @@ class DecodingRules:
         """`banned` as two arrays, not concatenated (the drafter's entropy reads them)."""
         return self._bans(self.tracker.state(ids[self.prompt_len:]), width)
 
-    def changed_ids(self, ids: Sequence[int], width: int) -> np.ndarray | None:
-        """Ids where the processed row after `ids` may differ from the raw logits other than by a
-        ban (-inf): the repetition penalty's history. None when another processor (temperature)
-        rescales the whole row. The drafter's entropy reads it (drafter.pick)."""
-        if not self._fast or self._hf:
+    def changed_ids(self, ids: Sequence[int], width: int, warp: bool = True) -> np.ndarray | None:
+        """Ids where the processed row after `ids` (without the warpers when not `warp`) may
+        differ from the raw logits other than by a ban (-inf): the repetition penalty's history.
+        None when another processor (temperature) rescales the whole row. The drafter's entropy
+        reads it (drafter.pick)."""
+        if not self._fast or (self._hf if warp else self._unwarped):
             return None
         if self._penalty is None or self._penalty.penalty == 1.0:
             return _EMPTY
@@ -517,10 +541,10 @@ class DecodingRules:
             return _EMPTY
         return _below(self._penalty._ids(state), width, self.tracker.index.n_text)
 
-    def _apply(self, ids: Sequence[int], row: torch.Tensor) -> torch.Tensor:
+    def _apply(self, ids: Sequence[int], row: torch.Tensor, warp: bool = True) -> torch.Tensor:
         state = self.tracker.state(ids[self.prompt_len:])
         if not self._fast:
-            hf_only = self.processors
+            hf_only = self.processors if warp else [p for p in self.processors if not isinstance(p, _WARPERS)]
         else:
             view = _np(row)
             if view is None:  # an accelerator: the rules' own torch paths
@@ -534,7 +558,7 @@ class DecodingRules:
                 for part in self._bans(state, row.shape[-1]):
                     if part.size:
                         view[part] = -np.inf
-            hf_only = self._hf
+            hf_only = self._hf if warp else self._unwarped
         for processor in hf_only:
             if isinstance(processor, CharRule):
                 processor.apply_(state, row)
@@ -542,10 +566,19 @@ class DecodingRules:
                 row = processor(torch.tensor([list(ids)]), row[None])[0]
         return row
 
-    def process_ids(self, ids: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+    def process_ids(self, ids: Sequence[int], logits: torch.Tensor, warp: bool = True) -> torch.Tensor:
         """Processed scores (a new float32 tensor) for the position after `ids` (prompt + answer),
-        logits (V,). Same objects, same order as `generate` runs them, so the same numbers."""
-        return self._apply(ids, logits.to(torch.float32, copy=True))
+        logits (V,). Same objects, same order as `generate` runs them, so the same numbers.
+        `warp=False`: the rules only, without HF's warpers (what the gate's entropy reads)."""
+        return self._apply(ids, logits.to(torch.float32, copy=True), warp)
+
+    def warp(self, ids: Sequence[int], scores: torch.Tensor) -> torch.Tensor:
+        """HF's warpers alone on scores the rules already processed (`process_ids(..., warp=False)`):
+        together, the same numbers as `process_ids(ids, logits)`."""
+        for processor in self._hf:
+            if isinstance(processor, _WARPERS):
+                scores = processor(torch.tensor([list(ids)]), scores[None])[0]
+        return scores
 
     def process(self, ids: torch.LongTensor, logits: torch.Tensor) -> torch.Tensor:
         """As `process_ids`, history as a (1, L) tensor."""
