@@ -9,7 +9,7 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install speech demo test lint bench presets clean
+.PHONY: install speech demo test lint bench presets mutate clean
 
 install: $(VENV)/.installed
 
@@ -50,5 +50,18 @@ presets:  # after `make install`
 		--out specdec_cli/demo/models/edge/specdec_presets.toml
 	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
+# Mutation testing (README "Tests"): mutmut over batch.py, writer_lock.py, audio.py and
+# decoding/{acceptance,state}.py against their own tests ([tool.mutmut] in pyproject.toml), from
+# scratch, niced, MUTATE_JOBS workers (default 1: the machine is shared). Not part of `make test`.
+# Prints the mutants that were not killed, then the counts.
+MUTATE_JOBS ?= 1
+mutate: install
+	rm -rf mutants
+	@date -u +"mutate: start %H:%M:%S"
+	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATE_JOBS) | tr '\r' '\n' | tail -n 4
+	@date -u +"mutate: end %H:%M:%S"
+	$(BIN)/mutmut results
+	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json && echo
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants

@@ -320,6 +320,7 @@ def test_batch_cli_refuses_an_empty_folder(tmp_path, models):
     assert result.exit_code == 2 and "no audio files" in result.stderr
 
 
+@pytest.mark.spawns
 def test_batch_subprocess_records_the_bad_corpus_without_tracebacks(tmp_path, models):
     corpus = bad_corpus(tmp_path / "bad")
     write_clip(tmp_path / "bad" / "good.wav", seconds=0.5)
@@ -391,6 +392,7 @@ def signal_after(args: list[str], out: Path, records: int, sig: signal.Signals) 
     return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.spawns
 def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_path, models):
     """Ctrl-C (SIGINT), then SIGKILL, then a full run: every clip recorded once, nothing lost, and
     the lock the killed run left behind does not block the resumed one."""

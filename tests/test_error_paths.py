@@ -36,7 +36,7 @@ from specdec_cli.writer_lock import lock_path
 
 pytest_plugins = ["cli_fixtures"]
 
-HOW = pytest.mark.parametrize("how", ["process", "app"])
+HOW = pytest.mark.parametrize("how", [pytest.param("process", marks=pytest.mark.spawns), "app"])
 
 
 def specdec(how: str, *args: str, preexec: Callable[[], None] | None = None) -> tuple[int, str, str]:
@@ -88,6 +88,7 @@ def refusal(out: Path, what: str) -> str:
 
 # -- results files ---------------------------------------------------------------------------------
 
+@pytest.mark.spawns
 def test_rerun_with_every_clip_done_loads_no_model(done, tmp_path, tiny_pair):
     """A rerun with nothing left to do opens the results file, skips every clip and exits 0 without
     loading a model: here both model folders have lost their weights, so a load would fail."""
@@ -199,6 +200,7 @@ def test_a_broken_or_out_of_range_presets_file(results, tmp_path, how, case):
     assert out.read_bytes() == before
 
 
+@pytest.mark.spawns
 def test_a_broken_presets_file_in_the_model_folder(done, tmp_path, tiny_pair):
     """The edge folder's own specdec_presets.toml, broken: named in the one line."""
     clips, _, _ = done
@@ -307,6 +309,7 @@ def as_user(tmp_path_factory):
     return drop_permission_bypass
 
 
+@pytest.mark.spawns
 def test_permission_denied_on_a_clip(tmp_path, models, as_user):
     """A clip the user may not read: one line, exit 2 from describe; in a batch its error record is
     appended after the lines already written (unchanged), exit 1."""
@@ -330,6 +333,7 @@ def test_permission_denied_on_a_clip(tmp_path, models, as_user):
     assert [(r["file"], r["error"]) for r in added] == [(str(secret), f"cannot read {secret}: permission denied")]
 
 
+@pytest.mark.spawns
 def test_permission_denied_on_the_folder_of_a_clip(tmp_path, models, as_user):
     """stat itself fails (no search permission on the clip's folder): one line, exit 2."""
     locked = tmp_path / "locked"
@@ -343,6 +347,7 @@ def test_permission_denied_on_the_folder_of_a_clip(tmp_path, models, as_user):
     one_line(stderr, f"cannot read {clip}: Permission denied")
 
 
+@pytest.mark.spawns
 def test_a_results_file_in_a_folder_the_user_cannot_write(tmp_path, models, as_user):
     """The results file itself is writable but its folder is not, so neither the lock nor the
     compacted copy can be created: one line, exit 2, the file unchanged."""
@@ -363,6 +368,7 @@ def test_a_results_file_in_a_folder_the_user_cannot_write(tmp_path, models, as_u
     assert out.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == ["results.jsonl"]
 
 
+@pytest.mark.spawns
 def test_a_results_file_the_user_cannot_read(tmp_path, models, as_user):
     """A results file without read permission: one line, exit 2, the file unchanged."""
     clips = tmp_path / "clips"
