@@ -64,7 +64,7 @@ def describe_many(describer: Describer, audios: Sequence[np.ndarray], cfg: Decod
     def clips() -> Iterator[tuple[int, Any]]:
         for i, audio in enumerate(audios):
             started[i] = time.perf_counter()
-            yield i, describer.inputs(audio)
+            yield i, describer.inputs(audio, cfg)
 
     for i, result in _engine(pair, cfg, clips(), batch_size):
         text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
@@ -99,7 +99,7 @@ def _describe_rows(session: Session, todo: list[Path], batch_size: int) -> Itera
             try:
                 audio = session.load(path)
                 start = time.perf_counter()  # a record's latency: features + decoding, as Describer.run's
-                inputs = describer.inputs(audio)
+                inputs = describer.inputs(audio, cfg)
             except Exception as exc:  # one bad clip must not stop the batch; its record says why
                 failed.append((path, session.error_record(path, one_line(exc))))
                 continue

@@ -135,6 +135,23 @@ MaxTokensOpt = Annotated[int | None, typer.Option(min=1, help="Most tokens per d
 SampleOpt = Annotated[bool | None, typer.Option("--sample/--greedy", help="Sample (lossless rejection sampling) "
                                                 "or decode greedily (default).", show_default=False, rich_help_panel=_D)]
 SeedOpt = Annotated[int | None, typer.Option(help="Random seed for --sample.", show_default=False, rich_help_panel=_D)]
+TemperatureOpt = Annotated[float | None, typer.Option(
+    help="With --sample: divide the logits by this (HF's TemperatureLogitsWarper; default 1).",
+    show_default=False, rich_help_panel=_D)]
+TopPOpt = Annotated[float | None, typer.Option(
+    "--top-p", help="With --sample: draw from the fewest tokens holding this much probability (default 1: all).",
+    show_default=False, rich_help_panel=_D)]
+TopKOpt = Annotated[int | None, typer.Option(
+    "--top-k", help="With --sample: draw from the k likeliest tokens (default 0: all).",
+    show_default=False, rich_help_panel=_D)]
+_P = "Prompt"
+InstructionOpt = Annotated[str | None, typer.Option(
+    help="The instruction the models get with the audio, replacing the default (describe rate, pitch, volume, "
+    "pauses, timbre and emotion). The one-sentence Chinese rules stay on unless --constraints off.",
+    show_default=False, rich_help_panel=_P)]
+SystemOpt = Annotated[str | None, typer.Option(
+    help="The system prompt, replacing the default 'You are a helpful assistant.'.",
+    show_default=False, rich_help_panel=_P)]
 _M = "Models"
 EdgeOpt = Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
                                              show_default=False, rich_help_panel=_M)]
@@ -337,6 +354,11 @@ def describe(
     max_new_tokens: MaxTokensOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = None,
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    instruction: InstructionOpt = None,
+    system: SystemOpt = None,
     edge: EdgeOpt = None,
     cloud: CloudOpt = None,
     device: DeviceOpt = "cpu",
@@ -356,7 +378,8 @@ def describe(
     check_path(path)
     flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
-                   max_new_tokens=max_new_tokens, sample=sample, seed=seed)
+                   max_new_tokens=max_new_tokens, sample=sample, seed=seed, temperature=temperature, top_p=top_p,
+                   top_k=top_k, instruction=instruction, system=system)
     plot_trace = _plot_trace_fn() if plot is not None else None
     err = _stderr()
     session = Session(flags, err)
@@ -427,6 +450,11 @@ def batch(
     max_new_tokens: MaxTokensOpt = None,
     sample: SampleOpt = None,
     seed: SeedOpt = None,
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    instruction: InstructionOpt = None,
+    system: SystemOpt = None,
     edge: EdgeOpt = None,
     cloud: CloudOpt = None,
     device: DeviceOpt = "cpu",
@@ -448,7 +476,8 @@ def batch(
     files = find_audio(directory, audio_suffixes(), recursive)
     flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
-                   max_new_tokens=max_new_tokens, sample=sample, seed=seed)
+                   max_new_tokens=max_new_tokens, sample=sample, seed=seed, temperature=temperature, top_p=top_p,
+                   top_k=top_k, instruction=instruction, system=system)
     ray_options = _ray_options(ray, workers, gpus_per_worker, ship_audio, device)
     err = _stderr()
     with ResultsFile(out, run_settings(flags)[2], overwrite) as results:

@@ -13,6 +13,7 @@ import numpy as np
 
 from .decoding import BlockEvent, DecodeResult, DecodingConfig, generate_baseline, speculative_decode
 from .models import ModelPair
+from .prompt import INSTRUCTION, SYSTEM, render_prompt
 
 if TYPE_CHECKING:
     from .remote.client import LinkStats
@@ -30,14 +31,17 @@ class Describer:
     def __init__(self, pair: ModelPair) -> None:
         self.pair = pair
 
-    def inputs(self, audio: np.ndarray):
-        return self.pair.processor(audio).to(self.pair.edge.device)
+    def inputs(self, audio: np.ndarray, cfg: DecodingConfig | None = None):
+        """The thinker inputs for `audio`, with `cfg`'s instruction and system prompt (None: the
+        default task)."""
+        prompt = render_prompt(cfg.instruction or INSTRUCTION, cfg.system or SYSTEM) if cfg is not None else None
+        return self.pair.processor(audio, prompt).to(self.pair.edge.device)
 
     def run(self, audio: np.ndarray, cfg: DecodingConfig,
             on_block: Callable[[BlockEvent], None] | None = None) -> Description:
         p = self.pair
         start = time.perf_counter()
-        inputs = self.inputs(audio)
+        inputs = self.inputs(audio, cfg)
         link = None
         if p.remote is None:
             if cfg.mode == "spec":

@@ -13,6 +13,10 @@ from pathlib import Path
 from .errors import InputError
 
 PRESET_KEYS = ("threshold", "k", "uncertainty", "verify")
+# Other settings a presets file may hold (sampling and the prompt); `specdec presets` lists them
+# after the description. Any DecodingConfig knob flags also set could go here.
+EXTRA_KEYS = ("sample", "temperature", "top_p", "top_k", "seed", "instruction", "system")
+_KEYS = PRESET_KEYS + EXTRA_KEYS
 
 
 def configs_dir() -> Path:
@@ -27,7 +31,7 @@ def configs_dir() -> Path:
 @dataclass(frozen=True)
 class Preset:
     name: str
-    values: dict            # subset of PRESET_KEYS
+    values: dict            # subset of PRESET_KEYS + EXTRA_KEYS
     source: str             # where the values came from
     description: str = ""
 
@@ -75,14 +79,14 @@ def load_presets(model_presets: PresetFiles = None) -> dict[str, Preset]:
     presets: dict[str, Preset] = {}
     for path in sorted(configs_dir().glob("*.toml")):
         data = _read(path)
-        presets[path.stem] = Preset(path.stem, {k: data[k] for k in PRESET_KEYS if k in data},
+        presets[path.stem] = Preset(path.stem, {k: data[k] for k in _KEYS if k in data},
                                     f"configs/{path.name}", data.get("description", ""))
     for path in _files(model_presets):
         for name, table in _read(path).items():
             if not isinstance(table, dict):
                 continue
             base = presets.get(name, Preset(name, {}, "", ""))
-            values = {**base.values, **{k: table[k] for k in PRESET_KEYS if k in table}}
+            values = {**base.values, **{k: table[k] for k in _KEYS if k in table}}
             presets[name] = Preset(name, values, _shown(path), table.get("description", base.description))
     return presets
 

@@ -2,8 +2,9 @@
 resumes a clip only when it was described the way this run would describe it.
 
 Only what can change the sentence is kept, and only where it can: the speculative knobs (preset,
-threshold, k, verify, uncertainty) are blanked for edge-only and cloud-only runs, and seed and
-temperature for greedy ones. The specdec version stands for everything the flags do not show
+threshold, k, verify, uncertainty) are blanked for edge-only and cloud-only runs, and seed,
+temperature, top_p and top_k for greedy ones; instruction and system are blank for the default
+prompt. The specdec version stands for everything the flags do not show
 (the decoding rules, the constraint knobs); records from specdec 0.1 carry no settings at all.
 """
 
@@ -39,6 +40,10 @@ class RunSettings:
     # A remote cloud (--cloud URL) is known by the model its server reports and a fingerprint of
     # its weights, so resuming compares models, not addresses; None for an in-process cloud.
     cloud_weights: str | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    instruction: str | None = None
+    system: str | None = None
 
     @classmethod
     def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str,
@@ -63,6 +68,10 @@ class RunSettings:
             dtype=dtype_name(dtype),  # fp32 and float32 load the same weights
             version=__version__,
             cloud_weights=cloud_weights,
+            top_p=float(cfg.top_p) if cfg.sample else None,
+            top_k=cfg.top_k if cfg.sample else None,
+            instruction=cfg.instruction,
+            system=cfg.system,
         )
 
     def as_record(self) -> dict[str, Any]:

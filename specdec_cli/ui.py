@@ -32,7 +32,7 @@ from .decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
     from .decoding.loop import BlockEvent
-from .presets import PRESET_KEYS, Preset
+from .presets import EXTRA_KEYS, PRESET_KEYS, Preset
 
 ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
 UNIT = "nats"
@@ -346,8 +346,10 @@ def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
             value = p.values.get(key)
             cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
         table.add_row(name, *cells, _source(p, base.get(name)))
-        if p.description:
-            notes.append(f"{name}", style="bold").append(f": {p.description}\n", style="dim")
+        extra = ", ".join(f"{key} = {p.values[key]!r}" for key in EXTRA_KEYS if key in p.values)
+        if p.description or extra:
+            notes.append(f"{name}", style="bold").append(f": {' · '.join(filter(None, (p.description, extra)))}\n",
+                                                          style="dim")
     notes.rstrip()
     return Group(table, notes) if notes else Group(table)
 

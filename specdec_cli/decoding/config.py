@@ -28,6 +28,11 @@ class DecodingConfig:
     top_p: float = 1.0              # nucleus: keep the fewest tokens holding this much probability
     top_k: int = 0                  # keep the k likeliest tokens; 0 = all
     seed: int = 0
+    # The prompt's user instruction and system turn (prompt.py); None: the default description
+    # task. Plain strings, so the config still crosses a wire as a dict. The rules do not read them:
+    # the one-sentence and CJK rules hold for any instruction unless `constraints` is off.
+    instruction: str | None = None
+    system: str | None = None
     # Constraint knobs (seeds 003/004), all over the answer's CJK content *characters*, so they mean
     # the same on every tokenizer (README, "The engine", says why these values).
     repetition_penalty: float = 1.2  # HF semantics, on the answer's CJK content tokens
@@ -52,6 +57,12 @@ class DecodingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be 0 (off) or positive, got {self.top_k}")
+        for name in ("instruction", "system"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{name} must be non-empty text, got {value!r}")
+            if value is not None and "<|" in value:
+                raise ValueError(f"{name} must not hold special tokens such as <|AUDIO|>, got {value!r}")
         if self.mode not in ("spec", "edge", "cloud"):
             raise ValueError(f"mode must be spec, edge or cloud, got {self.mode!r}")
         if self.verify not in ("entropy", "always"):
