@@ -133,12 +133,17 @@ def test_the_clip_goes_up_once_then_only_ids_and_the_session_is_closed(remote, s
     clip_bytes = len(encode_audio(audio, 16000)[0])
     d = remote.run(audio, MODES["always"])
     blocks = d.result.stats.escalations
-    assert blocks >= 3 and d.link.round_trips == blocks + 1  # one per verification, one to close
+    # One per verification; the last verdict ended the clip, which closed the session on the server.
+    assert blocks >= 3 and d.link.round_trips == blocks
     # The clip (FLAC: these samples are 16-bit) once, plus a few hundred bytes per request.
     assert clip_bytes < d.link.uplink_bytes < clip_bytes + 500 * d.link.round_trips
     assert clip_bytes < audio.nbytes / 2 + 2000  # FLAC, not float32
     assert d.link.downlink_bytes < 400 * d.link.round_trips  # verdicts are a few bytes
     assert health(server)["sessions"] == 0
+    # A clip whose last block stays on the edge closes its session with one more round trip.
+    d = remote.run(audio, MODES["quality"])
+    assert not d.result.events[-1].escalated and d.result.stats.escalations >= 1
+    assert d.link.round_trips == d.result.stats.escalations + 1 and health(server)["sessions"] == 0
 
 
 def health(server) -> dict:
@@ -263,7 +268,7 @@ def test_describe_through_the_server_records_the_link(server):
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout)
     assert rec["description"] == local_rec["description"]
-    assert rec["cloud_url"] == server.url and rec["round_trips"] == rec["cloud_calls"] + 1
+    assert rec["cloud_url"] == server.url and rec["round_trips"] in (rec["cloud_calls"], rec["cloud_calls"] + 1)
     assert rec["uplink_bytes"] > 0 and rec["downlink_bytes"] > 0 and rec["cloud_wait_s"] > 0
     # Settings name the model the server hosts (and its weights), not the address.
     assert rec["settings"]["cloud"] == local_rec["settings"]["cloud"]

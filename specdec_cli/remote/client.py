@@ -259,7 +259,8 @@ class RemoteCloud:
         else:
             raise CloudError(f"the cloud at {self.client.url} lost this clip's session {self.MAX_REBUILDS + 1} "
                              "times in a row; is it restarting in a loop?")
-        self.session, self.held = answer.session, answer.held
+        # A verdict that ends the clip closed the session on the server: nothing left to close.
+        self.session, self.held = (None if answer.ended else answer.session), answer.held
         self.prefill_tokens += answer.prefilled
         self.tokens_fed += answer.fed
         self.forwards += answer.forwards

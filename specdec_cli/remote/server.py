@@ -212,6 +212,11 @@ class Sessions:
         self._drop(sid, "closed")
         return True
 
+    def end(self, sid: str) -> None:
+        """The clip is over (its last verdict said so)."""
+        if sid in self._open:
+            self._drop(sid, "ended")
+
     def _drop(self, sid: str, why: str) -> None:
         del self._open[sid]
         self.metrics.sessions.set(len(self._open))
@@ -447,6 +452,8 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         finally:
             session.busy = False
             session.last_used = time.monotonic()
+        if answer.ended:
+            sessions.end(session.id)
         metrics.verifications.inc()
         metrics.tokens.inc(answer.fed + answer.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
@@ -487,6 +494,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
         from ..decoding.acceptance import Verdict, draw_at, first_rejection
         from ..decoding.drafter import Proposal
+        from ..decoding.loop import extend
         from ..decoding.verifier import target_probs
 
         cloud = session.cloud
@@ -505,11 +513,16 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 return Verdict(j, -1, "recovered")
         verdict, fed = cloud.verify(sequence, Proposal(list(req.draft), [], None), session.rules, None, acceptance)
         cloud.rollback(len(sequence) + verdict.accepted)
+        # Does the verdict end the clip? The loop's own stop rule over the tokens it will append
+        # (not knowable when the client draws the token). Then the session closes here and the
+        # client need not spend a round trip on closing it.
+        ended = verdict.token >= 0 and extend(list(sequence), list(req.draft[:verdict.accepted]) + [verdict.token],
+                                              session.rules)
         return wire.VerifyResponse(
             session=session.id, accepted=verdict.accepted, token=verdict.token, kind=verdict.kind,
             held=len(cloud), fed=fed, prefilled=cloud.prefill_tokens - before[0],
             forwards=cloud.forwards - before[2], all_forwards=cloud.all_forwards - before[3],
-            target_row=wire.sparse_row(rejected_row[0]) if rejected_row else None)
+            target_row=wire.sparse_row(rejected_row[0]) if rejected_row else None, ended=ended)
 
     # -- errors: always one line of JSON, never a traceback -----------------------------------
 

@@ -76,6 +76,7 @@ class VerifyResponse(msgspec.Struct):
     forwards: int          # forwards that fed tokens after the prompt
     all_forwards: int      # every forward
     target_row: SparseRow | None = None  # sampling, rejected: the target's distribution there
+    ended: bool = False    # the verdict ends the clip (the loop's own stop rule): the session is closed
 
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
