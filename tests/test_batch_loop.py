@@ -9,6 +9,7 @@ forward) at the first differing step; any such case is printed with its margin."
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -160,4 +161,18 @@ def test_one_model_rows_equal_hf_generate(pair, sample_audio, other_audio, mode)
     ref = {k: generate_baseline(model, x, cfg, pair.masks, pair.eos_ids) for k, x in inputs.items()}
     ours = dict(generate_batch(model, inputs.items(), cfg, pair.masks, pair.eos_ids, 5))
     assert_rows_equal(pair, inputs, ours, ref, cfg, f"{mode}-only, batch 5")
+    assert {k: r.stats for k, r in ours.items()} == {k: r.stats for k, r in ref.items()}
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="held-out demo clips are synthesised with espeak-ng")
+def test_rows_equal_their_batch_one_runs_on_held_out_demo_clips(pair, tmp_path):
+    """Held-out clips of the demo corpus (never trained on, not the samples), quality preset."""
+    from specdec_cli.demo.heldout import write_heldout
+
+    write_heldout(tmp_path, clips=8, start=3000)
+    inputs = {p.name: pair.processor(load_audio(p, 16000, 30)) for p in sorted(tmp_path.glob("*.wav"))}
+    cfg = DecodingConfig().with_(**resolve("quality", [pair.presets_file]).values)
+    ref = {k: speculative_decode(pair.edge, pair.cloud, x, cfg, pair.masks, pair.eos_ids) for k, x in inputs.items()}
+    ours = batched(pair, inputs, cfg, 3)
+    assert_rows_equal(pair, inputs, ours, ref, cfg, "held-out, quality, batch 3")
     assert {k: r.stats for k, r in ours.items()} == {k: r.stats for k, r in ref.items()}
