@@ -1,0 +1,124 @@
+"""audio.py's refusals word for word (the one line a user reads), the formats hint and libsndfile's
+reason as the messages quote them, the silence threshold at its edges, the downmix against a
+hand-computed mean, and the length check after decoding for headers that under-report.
+
+Why the last one needs a stand-in: soundfile never reads more frames than the header states (an
+under-reporting header, e.g. a VBR MP3 without its Xing frame, measured here: header 15.4 s, true
+30 s, read 15.4 s), so with libsndfile the check cannot fire; it guards decoders that read to the
+end. It is exercised with soundfile.read returning more than the header said.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+from cli_helpers import SR, tone, write_clip
+
+from specdec_cli import audio
+from specdec_cli.audio import load_audio
+from specdec_cli.errors import InputError
+
+MAX_S = 30.0
+
+
+def refused(path, max_seconds: float = MAX_S) -> str:
+    with pytest.raises(InputError) as info:
+        load_audio(path, SR, max_seconds)
+    assert info.value.exit_code == 2
+    return info.value.message
+
+
+@pytest.fixture
+def hint() -> str:
+    """The formats hint for this libsndfile, spelled out by hand."""
+    return "WAV, FLAC, OGG or MP3" if "MP3" in sf.available_formats() else "WAV, FLAC or OGG"
+
+
+def test_each_refusal_word_for_word(tmp_path, hint):
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    assert refused(empty) == f"{empty} is empty (0 bytes); give a {hint} file"
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio\n" * 20)
+    assert refused(text) == f"cannot decode {text} as audio (Format not recognised); give a {hint} file"
+    short = write_clip(tmp_path / "short.wav", seconds=0.05)
+    assert refused(short) == f"{short} is 0.050 s long; give a clip of at least 0.1 s"
+    long = write_clip(tmp_path / "long.wav", seconds=31, sr=1000)
+    assert refused(long) == f"{long} is 31.0 s long; the model takes at most 30 s per clip: cut it into shorter clips"
+    silent = write_clip(tmp_path / "silent.wav", amplitude=0.0)
+    assert refused(silent) == (f"{silent} is silent (peak below -60 dBFS); nothing to describe: check the "
+                               "recording")
+    nothing = tmp_path / "none.wav"
+    sf.write(str(nothing), np.zeros(0, dtype=np.float32), SR)
+    assert refused(nothing) == f"{nothing} holds no audio samples; give a clip of at least 0.1 s"
+    nan = tone(0.5)
+    nan[3] = np.nan
+    sf.write(str(tmp_path / "nan.wav"), nan, SR, subtype="FLOAT")
+    assert refused(tmp_path / "nan.wav") == f"{tmp_path / 'nan.wav'} contains NaN or infinite samples; re-export the audio"
+    assert refused(tmp_path / "nope.wav") == f"no such file: {tmp_path / 'nope.wav'}; check the path"
+    assert refused(tmp_path) == (f"{tmp_path} is a directory; give one audio file (use `specdec batch {tmp_path}` "
+                                 "for a folder)")
+
+
+@pytest.mark.parametrize(("suffixes", "expected"), [
+    ((".wav",), "WAV"),
+    ((".wav", ".flac"), "WAV or FLAC"),
+    ((".wav", ".flac", ".ogg", ".mp3"), "WAV, FLAC, OGG or MP3"),
+])
+def test_formats_hint_lists_what_libsndfile_decodes(monkeypatch, suffixes, expected):
+    monkeypatch.setattr(audio, "audio_suffixes", lambda: suffixes)
+    assert audio._formats_hint() == expected
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (RuntimeError("Error opening 'x.wav': Format not recognised."), "Format not recognised"),
+    (RuntimeError("Internal psf_fseek() failed."), "Internal psf_fseek() failed"),
+    (RuntimeError("first: a: b.\nsecond line"), "b"),
+    (RuntimeError("  "), "RuntimeError"),
+    (OSError(), "OSError"),
+])
+def test_reason_is_libsndfiles_last_words_of_the_first_line(exc, expected):
+    assert audio._reason(exc) == expected
+
+
+def test_silence_threshold_is_minus_60_dbfs(tmp_path):
+    """Peak 0.0009 (-60.9 dBFS) is silence; 0.0012 (-58.4 dBFS) is a (very) quiet clip."""
+    below = tmp_path / "below.wav"
+    sf.write(str(below), np.full(SR, 0.0009, dtype=np.float32), SR, subtype="FLOAT")
+    assert "is silent" in refused(below)
+    above = tmp_path / "above.wav"
+    sf.write(str(above), np.full(SR, 0.0012, dtype=np.float32), SR, subtype="FLOAT")
+    assert len(load_audio(above, SR, MAX_S)) == SR
+
+
+def test_stereo_is_the_mean_of_its_channels(tmp_path):
+    """Channels that differ (left 0.5 x, right 0.1 x): the model hears 0.3 x, not one channel."""
+    x = tone(0.5)
+    path = tmp_path / "stereo.wav"
+    sf.write(str(path), np.stack([0.5 * x, 0.1 * x], axis=1), SR, subtype="FLOAT")
+    np.testing.assert_allclose(load_audio(path, SR, MAX_S), 0.3 * x, atol=1e-7)
+
+
+def test_length_is_checked_again_after_decoding(tmp_path, monkeypatch):
+    """A header that under-reports: 2 s in the header, 31 s decoded."""
+    path = write_clip(tmp_path / "clip.wav", seconds=2.0)
+    real_read = sf.read
+
+    def read_more(*args, **kwargs):
+        data, rate = real_read(*args, **kwargs)
+        return np.concatenate([data] * 16), rate  # 32 s
+
+    monkeypatch.setattr(sf, "read", read_more)
+    assert refused(path) == (f"{path} is 32.0 s long; the model takes at most 30 s per clip: cut it into "
+                             "shorter clips")
+
+
+def test_a_read_failure_after_a_good_header(tmp_path, monkeypatch, hint):
+    path = write_clip(tmp_path / "clip.wav", seconds=1.0)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("Error reading: Internal psf_fseek() failed.")
+
+    monkeypatch.setattr(sf, "read", fail)
+    assert refused(path) == f"cannot decode {path} as audio (Internal psf_fseek() failed); give a {hint} file"
