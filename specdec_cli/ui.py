@@ -272,7 +272,7 @@ def summary_panel(record: dict[str, Any]) -> Panel:
     grid.add_row("latency", latency)
     grid.add_row("tokens/s", _fmt(record.get("tokens_per_s"), ".1f"))
     if record.get("cloud_url"):
-        grid.add_row("cloud link", f"{record['round_trips']} round trips · "
+        grid.add_row("cloud link", f"{record['round_trips']} trips · "
                                    f"{_size(record['uplink_bytes'])} up · {_size(record['downlink_bytes'])} down · "
                                    f"{record['cloud_wait_s']:.2f} s wait")
     return Panel(grid, title=f"specdec · {record['file']}", border_style="green")
