@@ -176,3 +176,33 @@ def test_rows_equal_their_batch_one_runs_on_held_out_demo_clips(pair, tmp_path):
     ours = batched(pair, inputs, cfg, 3)
     assert_rows_equal(pair, inputs, ours, ref, cfg, "held-out, quality, batch 3")
     assert {k: r.stats for k, r in ours.items()} == {k: r.stats for k, r in ref.items()}
+
+
+def test_sampled_rows_follow_the_cloud_across_vocabulary_widths():
+    """Chi-square, as test_sampling's single-clip test, but every sample is a row of one batched
+    run (64 in flight, each row its own seed): the edge scores 4 tokens, the cloud 6, so tokens 4
+    and 5 come only through the residual; both positions' marginals must match the cloud's."""
+    from test_acceptance import CHI2_999, chi2
+    from test_sampling import V, soft_table
+    from toy import TableLM
+
+    from specdec_cli.decoding import VocabMasks
+
+    edge = TableLM(V)
+    edge.table = torch.tensor([[0.4, 0.3, 0.2, 0.1]] * V).log()
+    cloud_rows = [[0.05, 0.05, 0.2, 0.1, 0.3, 0.3], [0.1, 0.1, 0.1, 0.1, 0.35, 0.25]] + \
+                 [[0.1, 0.2, 0.2, 0.2, 0.2, 0.1]] * 4
+    cloud = soft_table(cloud_rows)
+    masks = VocabMasks.from_texts(["a", "b", "c", "d", "e", "f"], V)
+    inputs = {"input_ids": torch.tensor([[1]]), "attention_mask": torch.tensor([[1]])}
+    cfg = DecodingConfig(k=2, max_new_tokens=2, verify="always", sample=True, constraints=False)
+    first, second = torch.zeros(V), torch.zeros(V)
+    rows = ((seed, inputs) for seed in range(3000))
+    for _, result in speculative_decode_batch(edge, cloud, rows, cfg, masks, [99], 64, seeds=lambda key: key):
+        first[result.tokens[0]] += 1
+        second[result.tokens[1]] += 1
+    p1 = torch.tensor(cloud_rows[1])
+    p2 = sum(p1[a] * torch.tensor(cloud_rows[a]) for a in range(V))
+    assert first[4:].sum() > 0 and second[4:].sum() > 0
+    assert chi2(first, p1) < CHI2_999[5]
+    assert chi2(second, p2) < CHI2_999[5]

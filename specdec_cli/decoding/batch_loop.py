@@ -78,6 +78,7 @@ def speculative_decode_batch(
     acceptance: AcceptanceRule | None = None,
     on_block: Callable[[Hashable, BlockEvent], None] | None = None,
     batch_prefill: bool = False,
+    seeds: Callable[[Hashable], int] | None = None,
 ) -> Iterator[tuple[Hashable, DecodeResult]]:
     """Decode `clips` ((key, thinker inputs) pairs, keys distinct), up to `batch_size` in flight;
     yields (key, result) as each clip ends, in the order they end. A clip's inputs are read from
@@ -87,7 +88,10 @@ def speculative_decode_batch(
     padded forward (BatchState.join_many) instead of one forward each (the default). On 2 CPU
     cores the prefill is compute-bound (prompts of 100-450 tokens, the audio tower over ~1000 mel
     frames): 8 joins one by one cost the demo cloud 297 ms of CPU, together 399-578 ms (padding);
-    on a GPU, where a forward's cost is mostly its launch, together should win: measure."""
+    on a GPU, where a forward's cost is mostly its launch, together should win: measure.
+
+    `seeds`: with `cfg.sample`, the seed of each row's generator, by key (default: `cfg.seed` for
+    every row, as each clip's batch-1 run has it)."""
     assert batch_size >= 1, "batch_size must be at least 1"
     edge, cloud = BatchState(edge_model, "edge"), BatchState(cloud_model, "cloud")
     incoming = iter(clips)
@@ -106,7 +110,7 @@ def speculative_decode_batch(
             prompt_len = len(edge[key])
             rows[key] = _Clip(key, inputs, DecodingRules.build(cfg, masks, prompt_len, eos_ids),
                               list(edge[key].ids), prompt_len,
-                              torch.Generator().manual_seed(cfg.seed) if cfg.sample else None)
+                              torch.Generator().manual_seed(seeds(key) if seeds else cfg.seed) if cfg.sample else None)
         if not rows:
             return
 
