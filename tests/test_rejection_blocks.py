@@ -153,3 +153,11 @@ def test_a_token_the_target_never_emits_is_rejected_even_at_u_zero():
     assert first_rejection([0, 1], [0.6, 0.5], target, [0.5, 0.2]) == 2  # 0.5 * 0.6 < 0.5: kept
     assert first_rejection([0, 1], [0.6, 1.0], target, [0.5, 0.5]) == 1  # 0.5 * 1.0 == 0.5: rejected
     assert first_rejection([0], [1.0], target, [0.5]) == 0  # u * p_d == p_t: u < p_t / p_d fails
+
+
+def test_first_argmax_of_a_single_row_off_the_numpy_path():
+    """A 1-D bfloat16 row takes torch's argmax (NumPy has no bfloat16): first maximum, as an int."""
+    from specdec_cli.decoding.acceptance import first_argmax
+
+    assert first_argmax(torch.tensor([1.0, 3.0, 3.0, -2.0], dtype=torch.bfloat16)) == 1
+    assert first_argmax(torch.tensor([[1.0, 3.0], [4.0, 0.0]], dtype=torch.bfloat16)) == [1, 0]
