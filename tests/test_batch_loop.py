@@ -206,3 +206,44 @@ def test_sampled_rows_follow_the_cloud_across_vocabulary_widths():
     assert first[4:].sum() > 0 and second[4:].sum() > 0
     assert chi2(first, p1) < CHI2_999[5]
     assert chi2(second, p2) < CHI2_999[5]
+
+
+def test_score_drafts_equals_score_draft_per_session(cloud, processor, masks, eos_ids):
+    """What a server batching its sessions calls: one forward for sessions that join (lazy
+    prefill), catch up on pending tokens, or score a draft right after their kept logits; each
+    session's rows and counts equal verifier.score_draft on its own ModelState."""
+    from conftest import clip
+
+    from specdec_cli.decoding.batch_loop import score_drafts
+    from specdec_cli.decoding.batch_state import BatchState
+    from specdec_cli.decoding.state import ModelState
+    from specdec_cli.decoding.verifier import score_draft
+
+    cfg = DecodingConfig(max_new_tokens=24)
+    clips = {key: processor(clip(seed, seconds)) for key, seed, seconds in (("s1", 1, 0.7), ("s2", 2, 1.1),
+                                                                               ("s3", 3, 0.9))}
+    batch = BatchState(cloud, "cloud")
+    single = {key: ModelState(cloud, key) for key in clips}
+    seq = {key: x["input_ids"][0].tolist() for key, x in clips.items()}
+    for key, x in clips.items():
+        single[key].start(x)
+    rounds = [{"s1": ([], [40, 41, 42]), "s2": ([50], [43])},                     # two sessions open
+              {"s1": ([44], [45, 46]), "s2": ([], [47, 48, 49]), "s3": ([51, 52], [53])}]  # catch-up, kept logits, a join
+    for step in rounds:
+        drafts = {}
+        for key, (accepted, draft) in step.items():
+            seq[key] = seq[key] + accepted
+            drafts[key] = (clips[key], list(seq[key]), draft)
+        got = score_drafts(batch, drafts)
+        for key, (_, sequence, draft) in drafts.items():
+            rules = DecodingRules.build(cfg, masks, len(clips[key]["input_ids"][0]), eos_ids)
+            fed0, pre0 = single[key].tokens_fed, single[key].prefill_tokens
+            want, fed = score_draft(single[key], sequence, draft, rules)
+            rows, fed_b, pre_b = got[key]
+            assert (rows - want.raw).abs().max() <= 1e-4
+            assert (fed_b, pre_b) == (fed, single[key].prefill_tokens - pre0) and fed == single[key].tokens_fed - fed0
+            # the verdict keeps the first draft token only: both cut back the same way
+            keep = len(sequence) + 1
+            batch.rollback(key, keep)
+            single[key].rollback(keep)
+            seq[key] = sequence + draft[:1]

@@ -193,34 +193,46 @@ def _draft_all(edge: BatchState, rows: dict[Hashable, _Clip], cfg: DecodingConfi
 def _verify_all(cloud: BatchState, rows: dict[Hashable, _Clip], proposals: dict[Hashable, Proposal],
                 acceptance: AcceptanceRule | None, batch_prefill: bool) -> dict[Hashable, tuple[Verdict, int, int]]:
     """Per escalated row: (verdict, tokens fed after the prompt, prompt tokens run), as
-    LocalCloud.verify (verifier.score_draft + judge) gives them for one clip. Lazy catch-up as
-    there: a row's tokens accepted without the cloud go in the same forward as its draft; a row
-    the cloud has not heard joins with prompt + answer + draft (see `_join`)."""
-    scored: dict[Hashable, torch.Tensor] = {}   # key -> [k+1, V] raw rows, row j scoring draft[j]
-    before = {key: (cloud[key].tokens_fed, cloud[key].prefill_tokens) if key in cloud else (0, 0) for key in rows}
-    feed, keep, head, joining = {}, {}, {}, {}
-    for key, row in rows.items():
-        draft = proposals[key].tokens
-        if key not in cloud:  # the lazy prefill (prompt, audio, answer, draft) as the row joins
-            joining[key] = (row.inputs, row.sequence + draft, len(draft) + 1)
-            continue
-        pending = cloud[key].pending(row.sequence)
-        if pending:  # the last k+1 rows: row j predicts the token after pending[-1] + draft[:j]
-            feed[key], keep[key] = pending + draft, len(draft) + 1
-        else:        # the kept logits predict draft[0]
-            assert cloud[key].last_logits is not None, "cloud has no logits for the first draft position"
-            feed[key], keep[key], head[key] = draft, len(draft), cloud[key].last_logits[None]
-    scored.update(_join(cloud, joining, batch_prefill))
-    for key, got in cloud.advance(feed, keep).items():
-        scored[key] = torch.cat([head[key], got]) if key in head else got
+    LocalCloud.verify (verifier.score_draft + judge) gives them for one clip."""
+    scored = score_drafts(cloud, {key: (row.inputs, row.sequence, proposals[key].tokens) for key, row in rows.items()},
+                          batch_prefill)
     verdicts = {}
     for key, row in rows.items():
         proposal = proposals[key]
-        scores = TargetScores(row.rules, row.sequence, proposal.tokens, scored[key])
-        fed0, prefill0 = before[key]
-        verdicts[key] = (judge(proposal, scores, row.generator, acceptance),
-                         cloud[key].tokens_fed - fed0, cloud[key].prefill_tokens - prefill0)
+        target_rows, fed, prefilled = scored[key]
+        scores = TargetScores(row.rules, row.sequence, proposal.tokens, target_rows)
+        verdicts[key] = (judge(proposal, scores, row.generator, acceptance), fed, prefilled)
     return verdicts
+
+
+def score_drafts(cloud: BatchState, drafts: Mapping[Hashable, tuple[Mapping[str, torch.Tensor], list[int], list[int]]],
+                 batch_prefill: bool = False) -> dict[Hashable, tuple[torch.Tensor, int, int]]:
+    """verifier.score_draft for many rows in one cloud forward. `drafts`: key -> (thinker inputs,
+    sequence = prompt + accepted answer, draft). Per key: the raw target rows [k+1, V] (row j
+    scoring draft[j], row k the bonus position; wrap them in a TargetScores to judge), the tokens
+    this forward fed after the prompt, and the prompt tokens it ran. Lazy catch-up as there: a
+    row's tokens accepted without the cloud go in the same forward as its draft; a key the cloud
+    does not hold joins with prompt + answer + draft (its lazy prefill, see `_join`). A server
+    batching its sessions' verifications calls this with one entry per session; the cache still
+    holds each whole draft afterwards, so each verdict is followed by `cloud.rollback(key, ...)`."""
+    scored: dict[Hashable, torch.Tensor] = {}
+    before = {key: (cloud[key].tokens_fed, cloud[key].prefill_tokens) if key in cloud else (0, 0) for key in drafts}
+    feed, keep, head, joining = {}, {}, {}, {}
+    for key, (inputs, sequence, draft) in drafts.items():
+        if key not in cloud:  # the lazy prefill (prompt, audio, answer, draft) as the row joins
+            joining[key] = (inputs, list(sequence) + list(draft), len(draft) + 1)
+            continue
+        pending = cloud[key].pending(sequence)
+        if pending:  # the last k+1 rows: row j predicts the token after pending[-1] + draft[:j]
+            feed[key], keep[key] = pending + list(draft), len(draft) + 1
+        else:        # the kept logits predict draft[0]
+            assert cloud[key].last_logits is not None, "cloud has no logits for the first draft position"
+            feed[key], keep[key], head[key] = list(draft), len(draft), cloud[key].last_logits[None]
+    scored.update(_join(cloud, joining, batch_prefill))
+    for key, got in cloud.advance(feed, keep).items():
+        scored[key] = torch.cat([head[key], got]) if key in head else got
+    return {key: (scored[key], cloud[key].tokens_fed - before[key][0], cloud[key].prefill_tokens - before[key][1])
+            for key in drafts}
 
 
 def generate_batch(
