@@ -16,6 +16,9 @@ below is that loop's step applied to all rows, with the models' forwards shared:
     7. one BlockEvent per row and block goes to the caller; a row that is done leaves both batches
        and its result is yielded at once (so a short clip never waits for a long one)
 
+`generate_batch` does the same for one model alone (edge-only / cloud-only, greedy): what HF
+`generate` gives each clip. `score_drafts` is step 4's forward, for a server batching sessions.
+
 The per-row logic is the single-clip loop's own: `Drafting` (the drafter), `escalation_reason`,
 `TargetScores` + `judge` (the verifier), `extend`, `count_work`, the same `DecodingRules` per
 clip. Only the forwards are batched. Each row's tokens equal its batch-1 run's up to float

@@ -5,8 +5,9 @@ things for several rows at once, keyed by any hashable (a clip path, a session i
 verbs, per row:
 
 * `join(key, inputs, tokens, keep)` — a new row: its prompt (with the audio) and any tokens after
-  it run in a forward of their own, at batch 1, and the resulting cache row is inserted into the
-  batch's cache. (`start` + first `advance` of ModelState, in one call.)
+  it run in a forward of their own and the resulting cache row is inserted into the batch's
+  cache. (`start` + first `advance` of ModelState, in one call; `join_many` for several rows in
+  one padded forward.)
 * `advance({key: tokens}, keep)`  — one forward in which every row named gets its own number of
   tokens (rows not named get none); per-row logits back.
 * `rollback(key, length)`         — cut one row back, the others untouched.
@@ -31,13 +32,18 @@ appended after everything the cache holds. So:
   row at the end of the cache are cropped (`DynamicCache.crop`); holes in the middle stay until
   they waste more than `max_waste` columns, when the cache is compacted: each row's slots gathered
   to the front (left-aligned, holes at the right of the shorter rows), one gather per layer.
-* join: the new row's cache comes from its own batch-1 prefill (a `ModelState`, so the prompt, the
-  audio tower and `get_rope_index` run exactly as at batch 1, and the row's cache is bit-identical
-  to its batch-1 run). Batching prefills would save little: prompts differ in length (the audio
-  placeholders), so they would need padding inside the audio tower and the prompt, the prefill is
-  once per clip against one forward per draft token, and a lazily prefilled cloud row joins in the
-  middle of other rows' blocks anyway. The row's tensors are padded to the cache's length
-  (or the cache to the row's) and concatenated on the batch dimension.
+* join: the new row's prefill runs as `ModelState._first_forward` runs it (the prompt with its
+  audio through the tower, M-RoPE positions and rope_deltas from `get_rope_index` over the row's
+  own tokens), in a forward of its own, so its cache row is bit-identical to its batch-1 run's
+  (tested). Its tensors are then padded to the cache's length (or the cache to the row's) and
+  concatenated on the batch dimension. Why one forward per joining clip: on 2 CPU cores the
+  prefill is compute-bound (a prompt of 100-450 tokens, the audio tower over ~1,000 mel frames),
+  and 8 prefills in one right-padded forward cost the demo cloud 399-578 ms of CPU against 297 ms
+  one by one (padding, and the masked attention path). `join_many` does batch them (rows
+  right-padded, the audio of all rows through the tower together: its valid frames are what it
+  reads), for accelerators, where a forward's cost is mostly its launch; `batch_loop` uses it with
+  `batch_prefill=True`. A lazily prefilled cloud row joins in the middle of other rows' blocks
+  either way.
 * leave: `DynamicCache.batch_select_indices` keeps the other rows.
 
 Invariant, asserted per row after every change: the row's valid columns == its slots == its tokens.
