@@ -135,3 +135,18 @@ def _prepare(data: np.ndarray, rate: int, sampling_rate: int, path: Path) -> np.
 
         mono = librosa.resample(mono, orig_sr=rate, target_sr=sampling_rate)
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def prepare_waveform(samples: np.ndarray, rate: int, sampling_rate: int, max_seconds: float,
+                     name: str = "<waveform>") -> np.ndarray:
+    """A waveform given in memory (the Python API), checked and prepared as a file's samples are:
+    `samples` is [frames] or [frames, channels] at `rate` Hz; `name` stands for it in messages."""
+    import numpy as np
+
+    data = np.asarray(samples, dtype=np.float32)
+    if data.ndim == 1:
+        data = data[:, None]
+    if data.ndim != 2 or rate <= 0:
+        raise InputError(f"{name}: give samples as [frames] or [frames, channels] with a positive rate, "
+                         f"got shape {tuple(np.shape(samples))} at {rate} Hz")
+    return _checked(data, int(rate), sampling_rate, max_seconds, Path(name))

@@ -159,6 +159,11 @@ CloudOpt = Annotated[str | None, typer.Option(help="Cloud model: folder or Hub i
                                               "`specdec serve` (default: bundled demo cloud).",
                                               show_default=False, rich_help_panel=_M)]
 DeviceOpt = Annotated[str, typer.Option(help="Torch device for both models.", rich_help_panel=_M)]
+EdgeDeviceOpt = Annotated[str | None, typer.Option(help="Torch device for the edge model (default: --device).",
+                                                   show_default=False, rich_help_panel=_M)]
+CloudDeviceOpt = Annotated[str | None, typer.Option(
+    help="Torch device for the cloud model (default: --device), e.g. --edge-device cpu --cloud-device cuda:0.",
+    show_default=False, rich_help_panel=_M)]
 DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.", rich_help_panel=_M)]
 PresetsFileOpt = Annotated[Path | None, typer.Option(
     "--presets", help="A presets file (e.g. from `specdec calibrate`); its presets override the built-in ones.",
@@ -181,10 +186,13 @@ class Flags:
     dtype: str
     rtt_ms: float | None
     presets_file: Path | None = None  # --presets FILE, layered over the model folder's presets
+    edge_device: str | None = None    # --edge-device / --cloud-device: one model each (None: --device)
+    cloud_device: str | None = None
 
 
 def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype: str, rtt_ms: float | None,
-           *, presets_file: Path | None = None, **given: Any) -> Flags:
+           *, presets_file: Path | None = None, edge_device: str | None = None, cloud_device: str | None = None,
+           **given: Any) -> Flags:
     overrides = {}
     for name, value in given.items():
         if value is None:
@@ -197,7 +205,8 @@ def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype:
     # Check the flags now, before any model is loaded (a preset cannot make a bad flag good).
     _config(Preset("defaults", {}, "built-in"), overrides)
     dtype_name(dtype)  # a typo in a flag is bad usage (InputError, exit 2), caught before loading
-    return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms, check_presets_file(presets_file))
+    return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms, check_presets_file(presets_file),
+                 edge_device, cloud_device)
 
 
 def _config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig:
@@ -250,7 +259,8 @@ class Session:
         # `resolved`: run_settings(flags) as another process found them (a Ray driver's; see worker_session)
         self.cfg, self.preset, self.settings = resolved or run_settings(flags)  # a bad preset fails before loading
         with err.status("loading models…") if err.is_terminal else nullcontext():
-            self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype)
+            self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype,
+                                             edge_device=flags.edge_device, cloud_device=flags.cloud_device)
         models.one_thread_if_tiny(self.pair)
         self.rtt_ms = flags.rtt_ms
         from .pipeline import Describer  # torch + transformers, loaded with the models
@@ -362,6 +372,8 @@ def describe(
     edge: EdgeOpt = None,
     cloud: CloudOpt = None,
     device: DeviceOpt = "cpu",
+    edge_device: EdgeDeviceOpt = None,
+    cloud_device: CloudDeviceOpt = None,
     dtype: DtypeOpt = "float32",
     presets_file: PresetsFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result record as one JSON object on stdout.")] = False,
@@ -376,7 +388,8 @@ def describe(
     """Describe the speaker in CLIP: prints the sentence (or the record with --json)."""
     path = Path(clip)
     check_path(path)
-    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
+    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file,
+                   edge_device=edge_device, cloud_device=cloud_device, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
                    max_new_tokens=max_new_tokens, sample=sample, seed=seed, temperature=temperature, top_p=top_p,
                    top_k=top_k, instruction=instruction, system=system)
@@ -458,6 +471,8 @@ def batch(
     edge: EdgeOpt = None,
     cloud: CloudOpt = None,
     device: DeviceOpt = "cpu",
+    edge_device: EdgeDeviceOpt = None,
+    cloud_device: CloudDeviceOpt = None,
     dtype: DtypeOpt = "float32",
     presets_file: PresetsFileOpt = None,
     cloud_rtt_ms: RttOpt = None,
@@ -474,7 +489,8 @@ def batch(
     holding anything else (other settings, another tool's lines) is refused, never rewritten; one
     --out takes one run at a time."""
     files = find_audio(directory, audio_suffixes(), recursive)
-    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file, mode=mode,
+    flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file,
+                   edge_device=edge_device, cloud_device=cloud_device, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
                    max_new_tokens=max_new_tokens, sample=sample, seed=seed, temperature=temperature, top_p=top_p,
                    top_k=top_k, instruction=instruction, system=system)

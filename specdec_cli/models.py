@@ -164,21 +164,24 @@ def eos_ids_for(tokenizer) -> list[int]:
 
 
 def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "cpu",
-              dtype: str = "float32") -> ModelPair:
+              dtype: str = "float32", *, edge_device: str | None = None, cloud_device: str | None = None) -> ModelPair:
     """Load edge and cloud (the bundled demo pair for any not given) and check they share a
-    tokenizer before any decoding: speculative decoding compares token ids across models."""
+    tokenizer before any decoding: speculative decoding compares token ids across models.
+    `device` places both; `edge_device` / `cloud_device` place one each (a GPU each, or the
+    edge on the CPU): token ids and logits rows cross between them, never hidden states."""
+    edge_device, cloud_device = edge_device or device, cloud_device or device
     if edge is None or cloud is None:
         demo_edge, demo_cloud = demo_pair()
         edge, cloud = edge or demo_edge, cloud or demo_cloud
     processor = load_processor(edge)
     if is_url(cloud):
-        return _remote_pair(edge, cloud, processor, device, dtype)
+        return _remote_pair(edge, cloud, processor, edge_device, dtype)
     cloud_tok = processor.tokenizer if same_tokenizer_files(edge, cloud) else load_processor(cloud).tokenizer
     if cloud_tok is not processor.tokenizer and not same_tokenizer(processor.tokenizer, cloud_tok):
         raise ModelError(f"edge {edge!r} and cloud {cloud!r} have different tokenizers "
                          f"({len(processor.tokenizer)} vs {len(cloud_tok)} tokens); pick a pair from one family")
-    edge_model = load_model(edge, device, dtype)
-    cloud_model = load_model(cloud, device, dtype)
+    edge_model = load_model(edge, edge_device, dtype)
+    cloud_model = load_model(cloud, cloud_device, dtype)
     vocab = cloud_model.get_output_embeddings().weight.shape[0]
     from .decoding.processors import VocabMasks as Masks  # lazy: transformers
 

@@ -58,6 +58,8 @@ def generate_baseline(
     computes logits for the last position only (`logits_for_last`: generate reads no other)."""
     prompt_len = int(inputs["input_ids"].shape[1])
     rules = DecodingRules.build(cfg, masks, prompt_len, eos_ids)
+    device = model.device  # the prompt may have been built for the other model's device
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     if hasattr(getattr(model, "model", None), "rope_deltas"):
         model.model.rope_deltas = None  # never let a previous clip's M-RoPE offset leak in
     counter = ForwardCounter(model)

@@ -104,11 +104,14 @@ class ModelState:
         theirs."""
         input_ids = inputs["input_ids"]
         assert input_ids.shape[0] == 1, "one clip at a time"  # input_ids: [1, P]
-        self.prompt = dict(inputs)
+        self.device = self.model.device
+        # The prompt on this model's device: with the two models on two devices, the one place a
+        # tensor crosses between them (once per clip; a no-op where it already lives). Everything
+        # after it is token ids, built on this device, and logits rows, read on the CPU.
+        self.prompt = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         self.prompt_ids = input_ids[0].tolist()
         self.ids, self.cache, self.rope_deltas, self.last_logits = [], None, None, None
         self._delta = 0
-        self.device = self.model.device
         self.prefill_tokens = self.forwards = self.tokens_fed = self.all_forwards = 0
 
     def prefill(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
