@@ -156,3 +156,28 @@ def test_the_gate_reads_the_entropy_before_the_warpers(masks):
             else:
                 assert drafting.probs[0][token] > 0
                 assert torch.allclose(drafting.probs[0], torch.softmax(rules.process_ids([PROMPT], logits), -1))
+
+
+def test_the_baselines_run_the_same_warpers(edge, processor, masks_tiny, eos_ids):
+    """HF `generate` (edge / cloud modes) receives the warpers as processors: sampling with top-k 1
+    or a tiny top-p is the greedy answer, while plain sampling from this random thinker is not."""
+    from conftest import clip
+
+    from specdec_cli.decoding import generate_baseline
+
+    inputs = processor(clip(2))
+    base = DecodingConfig(mode="edge", max_new_tokens=10)
+    greedy = generate_baseline(edge, inputs, base, masks_tiny, eos_ids).tokens
+    for warp in ({"top_k": 1}, {"top_p": 1e-6}, {"top_k": 1, "temperature": 3.0}):
+        torch.manual_seed(0)
+        assert generate_baseline(edge, inputs, base.with_(sample=True, **warp), masks_tiny, eos_ids).tokens == greedy
+    sampled = set()
+    for seed in range(3):
+        torch.manual_seed(seed)
+        sampled.add(tuple(generate_baseline(edge, inputs, base.with_(sample=True), masks_tiny, eos_ids).tokens))
+    assert sampled != {tuple(greedy)}
+
+
+@pytest.fixture(scope="module")
+def masks_tiny(tokenizer, cloud):
+    return VocabMasks.for_tokenizer(tokenizer, cloud.config.text_config.vocab_size)
