@@ -36,6 +36,20 @@ TOKEN_ENV = "SPECDEC_TOKEN"
 RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
 
 
+def check_url(url: str) -> str:
+    """`url` without a trailing slash, or InputError when it cannot name a server."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        port, parts = -1, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        raise InputError(f"--cloud {url} is not a server address; give http://HOST:PORT of a `specdec serve`")
+    return url.rstrip("/")
+
+
 class CloudUnreachable(SpecdecError):
     """The server cannot be reached (down, wrong address): bad usage for `describe` (exit 2); in a
     batch the clip gets an error record and is retried on resume."""
@@ -80,7 +94,7 @@ class RemoteClient:
 
     def __init__(self, url: str, token: str | None = None, retry_s: float | None = None,
                  link_delay_s: float = 0.0, timeout_s: float = 300.0) -> None:
-        self.url = url.rstrip("/")
+        self.url = check_url(url)
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         if retry_s is None:
             try:
