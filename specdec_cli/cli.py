@@ -541,11 +541,13 @@ def _ray_options(ray: str | None, workers: int | None, gpus_per_worker: float, s
             raise InputError("--workers, --gpus-per-worker, --ship-audio and --shared-path go with --ray; "
                              "add --ray auto (or --ray ADDRESS)")
         return None
-    from .scale.ray_batch import RayOptions, require_ray
+    from .scale.ray_batch import RayOptions, check_reachable, require_ray
 
     require_ray()  # the install hint, exit 2
     if not ray.strip():
         raise InputError("--ray needs auto or a cluster address (e.g. 10.0.0.5:6379 or ray://10.0.0.5:10001)")
+    if ray.strip() != "auto":
+        check_reachable(ray.strip())  # at once, not after minutes of ray.init retrying
     if gpus_per_worker and device == "cpu":
         raise InputError(f"--gpus-per-worker {gpus_per_worker:g} gives each worker GPUs, but the models would "
                          "stay on the CPU: add --device cuda")

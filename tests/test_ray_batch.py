@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -199,11 +200,19 @@ def test_ray_options_need_ray_installed(monkeypatch, tmp_path):
     assert not (tmp_path / "r.jsonl").exists()  # refused before the results file was opened
 
 
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # free once closed: nothing listens there
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workers", "2"], "go with --ray"),
     (["--shared-path"], "go with --ray"),
     (["--ray", "auto", "--gpus-per-worker", "1"], "add --device cuda"),
     (["--ray", " "], "--ray needs auto or a cluster address"),
+    (["--ray", "headnode"], "--ray takes auto, HOST:PORT or ray://HOST:PORT, not 'headnode'"),
+    (["--ray", f"127.0.0.1:{closed_port()}"], "no Ray cluster answers at 127.0.0.1:"),
 ])
 def test_ray_option_refusals(tmp_path, args, message):
     result = CliRunner().invoke(app, ["batch", str(SAMPLES), "--out", str(tmp_path / "r.jsonl"), *args])

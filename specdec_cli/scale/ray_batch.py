@@ -58,6 +58,7 @@ DEPTH = 2                # clips handed to one worker at a time: one decoding, o
 MAX_RESTARTS = 16        # how often Ray restarts one worker process that died (per worker, per run)
 MAX_TASK_RETRIES = 2     # how often Ray runs a clip again after its worker died under it
 RESUBMITS = 1            # after that, how often the driver hands the clip to a worker once more
+CONNECT_TIMEOUT_S = 5.0  # for the check that something listens at --ray ADDRESS
 # A local Ray's shared-memory object store: only clips in flight pass through it (Ray's floor is 75 MiB).
 OBJECT_STORE_BYTES = 96 * 1024 * 1024
 
@@ -213,15 +214,32 @@ def _connected(ray: ModuleType, options: RayOptions) -> Iterator[None]:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                  object_store_memory=OBJECT_STORE_BYTES, **quiet)
     else:
+        check_reachable(options.address)
         try:
             ray.init(address=options.address, **quiet)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-            raise InputError(f"cannot join the Ray cluster at {options.address} ({one_line(exc)}); start one "
-                             "with `ray start --head` and give the address it prints, or use --ray auto") from None
+            # Ray's own stderr lines say why; the one we meet most: a head started with token
+            # authentication (Ray's default) and a driver that was not told to send the token.
+            raise InputError(f"cannot join the Ray cluster at {options.address} ({one_line(exc)}); if Ray's "
+                             "lines above say InvalidAuthToken, export RAY_AUTH_MODE=token with the head's "
+                             "~/.ray/auth_token in place; or use --ray auto") from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str) -> None:
+    """Refuse an address nothing listens on, at once: ray.init would retry it for minutes, printing
+    warnings. (Only the TCP connect; whether it is a Ray is ray.init's to find out.)"""
+    hint = "start one with `ray start --head` and give the address it prints, or use --ray auto"
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"--ray takes auto, HOST:PORT or ray://HOST:PORT, not {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InputError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); {hint}") from None
 
 
 @dataclass
