@@ -1,3 +1,3 @@
 """specdec: edge-cloud speculative decoding that describes a speaker in one Chinese sentence."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

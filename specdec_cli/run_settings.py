@@ -92,5 +92,7 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> str:
         return "-" if value is None else str(value)
 
     keys = list(current) + [k for k in recorded if k not in current]
+    # A setting one side lacks differs even when the other side's value is null (a field a newer
+    # version added): listed, so the refusal never names no difference.
     return ", ".join(f"{k} {shown(recorded.get(k))} → {shown(current.get(k))}"
-                     for k in keys if recorded.get(k) != current.get(k))
+                     for k in keys if recorded.get(k) != current.get(k) or (k in recorded) != (k in current))
