@@ -171,9 +171,12 @@ def test_health_and_metrics(server, remote, local):
 
 
 def metric_values(text: str) -> dict[str, float]:
+    """Samples by name, with their labels written out when they have any: name{label="value"}."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    def key(s) -> str:
+        return s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in s.labels.items()) + "}" if s.labels else "")
+    return {key(s): s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 # -- lost sessions ----------------------------------------------------------------------------------
@@ -209,8 +212,21 @@ def test_sessions_evicted_by_ttl_or_lru_are_rebuilt_with_the_same_output(local):
     with Server("--session-ttl", "0.2") as ttl:
         remote = Describer(load_pair(None, ttl.url))
         d = remote.run(audio_a, cfg, on_block=lambda e: time.sleep(0.5) if e.index == 0 else None)
+        # A session left open ends after the TTL with no request to notice it (the sweeper).
+        clip = remote.pair.remote.clip(audio_a, preset("quality"))
+        from specdec_cli.decoding.loop import speculative_decode
+
+        p = remote.pair
+        speculative_decode(p.edge, clip, remote.inputs(audio_a), preset("quality"), p.masks, p.eos_ids)
+        assert clip.session is not None  # its last block stayed on the edge: the session is open
+        import httpx
+
+        ended = metric_values(httpx.get(f"{ttl.url}/metrics").text).get('specdec_sessions_ended_total{reason="ttl"}', 0)
+        time.sleep(1.5)
+        after = metric_values(httpx.get(f"{ttl.url}/metrics").text)
         remote.pair.remote.close()
         stopped_cleanly(ttl, signal.SIGTERM)
+    assert after['specdec_sessions_ended_total{reason="ttl"}'] == ended + 1 and after["specdec_sessions_open"] == 0
     assert d.link.rebuilds == 1 and d.result.tokens == local.run(audio_a, cfg).result.tokens
 
     with Server("--max-sessions", "1") as lru:

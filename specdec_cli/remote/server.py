@@ -389,8 +389,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                              "max_sessions": options.max_sessions, "session_ttl_s": options.session_ttl_s})
 
     async def metrics_endpoint(request: Request) -> Response:
-        owner_of(request)
-        sessions.expire()
+        owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def verify(request: Request) -> Response:
@@ -555,8 +554,22 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         Route("/v1/generate", counted(generate), methods=["POST"]),
         Route("/v1/sessions/{sid}", counted(close), methods=["DELETE"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={ApiError: on_api_error, HTTPException: on_http_error,
-                                                      Exception: on_crash})
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        # Idle sessions end after the TTL even when no request comes to notice: their caches are
+        # the server's memory.
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(min(max(options.session_ttl_s / 2, 0.5), 30.0))
+                sessions.expire()
+        task = asyncio.create_task(sweep())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
     app.state.sessions = sessions
     app.state.metrics = metrics
     return app
