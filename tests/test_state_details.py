@@ -1,0 +1,136 @@
+"""ModelState's bookkeeping against hand-counted expectations and an uncached forward: the work
+counters a record reports, which rows `keep` returns (and how they are cut: `logits_to_keep` or a
+hook that leaves nothing behind), and each refusal of a misuse, with its message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_state import full_forward_logits
+
+from specdec_cli.decoding.state import ModelState, logits_for_last
+
+EXTRA = [31, 47, 52, 60]
+
+
+def counters(state: ModelState) -> tuple[int, int, int, int]:
+    return state.prefill_tokens, state.forwards, state.tokens_fed, state.all_forwards
+
+
+def test_work_counters_eager(edge, inputs):
+    state = ModelState(edge, "edge")
+    p = inputs["input_ids"].shape[1]
+    assert counters(state) == (0, 0, 0, 0) and not state.started
+    state.prefill(inputs)
+    assert counters(state) == (p, 0, 0, 1) and state.started and len(state) == p
+    state.advance([EXTRA[0]])
+    assert counters(state) == (p, 1, 1, 2)
+    state.advance(EXTRA[1:3])
+    assert counters(state) == (p, 2, 3, 3)
+    state.rollback(p + 1)  # cutting back is no forward
+    assert counters(state) == (p, 2, 3, 3) and len(state) == p + 1
+    state.start(inputs)  # a new clip starts from zero
+    assert counters(state) == (0, 0, 0, 0) and state.ids == [] and state.cache is None
+
+
+def test_work_counters_lazy_first_forward(edge, inputs):
+    """The prompt and two answer tokens in one forward: one forward in all, two tokens after the prompt."""
+    state = ModelState(edge)
+    state.start(inputs)
+    p = len(state.prompt_ids)
+    rows = state.advance(state.prompt_ids + EXTRA[:2], keep=3)
+    assert counters(state) == (p, 1, 2, 1)
+    oracle = full_forward_logits(edge, inputs, EXTRA[:2])
+    assert rows.shape == oracle.shape and (rows - oracle).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("keep", [1, 2, 4])
+def test_keep_returns_the_last_rows_and_leaves_no_hook(edge, inputs, keep):
+    """The thinker's forward has no logits_to_keep: a pre-hook on lm_head cuts the hidden states,
+    and is removed after the forward (a later full forward sees every row)."""
+    head = edge.get_output_embeddings()
+    state = ModelState(edge)
+    state.prefill(inputs)
+    rows = state.advance(EXTRA, keep=keep)
+    oracle = full_forward_logits(edge, inputs, EXTRA)[1:]  # row j: after EXTRA[j]
+    assert rows.shape == (keep, oracle.shape[-1])
+    assert (rows - oracle[-keep:]).abs().max() <= 1e-4
+    assert torch.equal(state.last_logits, rows[-1])
+    assert len(head._forward_pre_hooks) == 0
+
+
+def test_logits_to_keep_is_passed_where_the_forward_takes_it(tokenizer):
+    """A Qwen2 text LM takes logits_to_keep: it is handed the count, and no hook is installed."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).eval()
+    seen = []
+    handle = lm.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("logits_to_keep")), with_kwargs=True)
+    try:
+        with logits_for_last(lm, 3) as extra:
+            assert extra == {"logits_to_keep": 3}
+            assert len(lm.get_output_embeddings()._forward_pre_hooks) == 0
+        ids = [5, 6, 7, 8, 9]
+        state = ModelState(lm)
+        state.start({"input_ids": torch.tensor([ids[:2]]), "attention_mask": torch.ones(1, 2, dtype=torch.long)})
+        rows = state.advance(ids, keep=2)
+        assert seen == [2]
+        with torch.inference_mode():
+            full = lm(input_ids=torch.tensor([ids])).logits[0, -2:]
+        assert rows.shape == (2, full.shape[-1]) and (rows - full).abs().max() <= 1e-5
+    finally:
+        handle.remove()
+
+
+def test_a_model_with_neither_is_left_alone():
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    with logits_for_last(Plain(), 2) as extra:
+        assert extra == {}
+
+
+def test_misuse_is_refused_with_the_states_name(edge, inputs):
+    state = ModelState(edge, "edge")
+    with pytest.raises(AssertionError, match="^edge: start\\(inputs\\) first$"):
+        state.advance([1])
+    state.start(inputs)
+    with pytest.raises(AssertionError, match="^edge: the first forward must start with the prompt$"):
+        state.advance(EXTRA)
+    state.prefill(inputs)
+    p = len(state)
+    with pytest.raises(AssertionError, match="^advance needs tokens$"):
+        state.advance([])
+    with pytest.raises(AssertionError, match="^edge: cannot keep 3 of 2 rows$"):
+        state.advance(EXTRA[:2], keep=3)
+    with pytest.raises(AssertionError, match="^edge: cannot keep 0 of 2 rows$"):
+        state.advance(EXTRA[:2], keep=0)
+    assert len(state) == p  # nothing was fed
+    with pytest.raises(AssertionError, match=f"^edge: cannot roll forward from {p} to {p + 1}$"):
+        state.rollback(p + 1)
+    state.advance(EXTRA[:2])
+    with pytest.raises(AssertionError, match="^edge: cannot cut into the prompt$"):
+        state.rollback(p - 1)
+    logits = state.last_logits
+    state.rollback(p + 2)  # to where it is: nothing cut, the logits at the end still valid
+    assert state.last_logits is logits
+    state.rollback(p + 1)
+    with pytest.raises(AssertionError, match="^edge: no logits after a rollback without new tokens$"):
+        state.logits_after(state.ids)
+    with pytest.raises(AssertionError, match="^edge: cache holds tokens that are not a prefix of the accepted "
+                                             "sequence$"):
+        state.pending(state.ids[:-1] + [EXTRA[3]])
+    with pytest.raises(AssertionError, match="^one clip at a time$"):
+        state.start({"input_ids": inputs["input_ids"].repeat(2, 1)})
+
+
+def test_a_cache_out_of_step_with_the_tokens_is_caught(edge, inputs):
+    state = ModelState(edge, "edge")
+    state.prefill(inputs)
+    p = len(state)
+    state.ids.append(EXTRA[0])  # tokens without their cache entry
+    with pytest.raises(AssertionError, match=f"^edge: cache holds {p} positions but {p + 1} tokens$"):
+        state.rollback(p + 1)
