@@ -56,9 +56,10 @@ presets:  # after `make install`
 # Prints the mutants that were not killed, then the counts.
 MUTATE_JOBS ?= 1
 mutate: install
-	rm -rf mutants
+	rm -rf mutants && mkdir mutants
 	@date -u +"mutate: start %H:%M:%S"
-	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATE_JOBS) | tr '\r' '\n' | tail -n 4
+	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants/run.log 2>&1; status=$$?; \
+		tr '\r' '\n' < mutants/run.log | tail -n 4; exit $$status
 	@date -u +"mutate: end %H:%M:%S"
 	$(BIN)/mutmut results
 	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json && echo
