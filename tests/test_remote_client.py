@@ -104,3 +104,15 @@ def test_messages_round_trip_through_msgpack_and_json():
     request = wire.VerifyRequest([5, 6], clip=clip, config={"k": 4}, pending=[3])
     assert msgspec.msgpack.decode(wire.encode(request), type=wire.VerifyRequest) == request
     assert wire.decoder(wire.VerifyRequest, "application/json").decode(msgspec.json.encode(request)) == request
+
+
+def test_probability_rows_cross_exactly_in_the_smaller_form():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    full = rng.dirichlet(np.ones(1000)).astype(np.float32)            # nothing is zero: all values
+    truncated = np.where(full > np.quantile(full, 0.99), full, 0).astype(np.float32)  # top 1%: pairs
+    for row, size in ((full, 4000), (truncated, 8 * np.count_nonzero(truncated))):
+        packed = wire.sparse_row(row)
+        assert len(packed.index) + len(packed.value) == size
+        assert np.array_equal(wire.dense_row(packed), row)

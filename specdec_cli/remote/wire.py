@@ -59,7 +59,9 @@ class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SparseRow(msgspec.Struct):
-    """A probability row by its non-zero entries: int32 indices and float32 values, little-endian."""
+    """A probability row, exact: its non-zero entries (int32 indices, float32 values,
+    little-endian), or, when that would be larger (most entries non-zero), every value with no
+    index (`index` empty)."""
     width: int
     index: bytes
     value: bytes
@@ -150,13 +152,19 @@ def decode_audio(data: bytes, codec: str) -> np.ndarray:
 # -- sparse probability rows ------------------------------------------------------------------------
 
 def sparse_row(row: Any) -> SparseRow:
-    """A 1-D float tensor/array as its non-zero entries (exact float32)."""
+    """A 1-D float tensor/array, exact, in the smaller of the two forms: its non-zero entries (8
+    bytes each: a truncated distribution, under --top-k/--top-p or the rules' bans) or all of it
+    (4 bytes each: a full softmax, where almost nothing is exactly zero)."""
     values = np.asarray(row, dtype=np.float32)
     index = np.flatnonzero(values).astype("<i4")
+    if 2 * len(index) >= len(values):
+        return SparseRow(int(values.shape[0]), b"", values.astype("<f4").tobytes())
     return SparseRow(int(values.shape[0]), index.tobytes(), values[index].astype("<f4").tobytes())
 
 
 def dense_row(row: SparseRow) -> np.ndarray:
+    if not row.index:
+        return np.frombuffer(row.value, dtype="<f4").astype(np.float32)
     out = np.zeros(row.width, dtype=np.float32)
     out[np.frombuffer(row.index, dtype="<i4")] = np.frombuffer(row.value, dtype="<f4")
     return out
