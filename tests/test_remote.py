@@ -105,12 +105,13 @@ def test_verify_always_through_the_server_equals_cloud_only(remote):
 def test_sampling_through_the_server_draws_what_the_in_process_run_draws(local, remote):
     """Same seed, same draws: the client sends the uniforms its generator gives, the server
     decides the accept test and the bonus with them, a rejection's residual is drawn at the client
-    from the target's row the server returns. 40 seeded runs cross every path (rejections in
-    most of them)."""
+    from the target's row the server returns. 40 seeded runs, plain and under the warpers
+    (top-k, top-p, temperature), cross every path (rejections in most of them)."""
     recovered = 0
+    warpers = [{}, {"top_k": 5}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.3}]
     for seed in range(20):
         for path in SAMPLES[:2]:
-            cfg = preset("quality").with_(sample=True, seed=seed)
+            cfg = preset("quality").with_(sample=True, seed=seed, **warpers[seed % len(warpers)])
             audio = audio_of(path)
             here, there = local.run(audio, cfg), remote.run(audio, cfg)
             assert there.result.tokens == here.result.tokens, (seed, path.name)
