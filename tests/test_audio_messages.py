@@ -122,3 +122,37 @@ def test_a_read_failure_after_a_good_header(tmp_path, monkeypatch, hint):
 
     monkeypatch.setattr(sf, "read", fail)
     assert refused(path) == f"cannot decode {path} as audio (Internal psf_fseek() failed); give a {hint} file"
+
+
+# -- waveforms and bytes given in memory (the Python API; Ray workers that cannot see the disk) -------
+
+def test_a_waveform_is_prepared_as_the_file_holding_it(tmp_path):
+    x = tone(0.5)
+    path = tmp_path / "clip.wav"
+    sf.write(str(path), x, SR, subtype="FLOAT")
+    from_file = load_audio(path, SR, MAX_S)
+    np.testing.assert_array_equal(audio.prepare_waveform(x.astype(np.float64), SR, SR, MAX_S), from_file)
+    np.testing.assert_array_equal(load_audio(path, SR, MAX_S, data=path.read_bytes()), from_file)
+    stereo = np.stack([0.5 * x, 0.1 * x], axis=1)
+    np.testing.assert_allclose(audio.prepare_waveform(stereo, SR, SR, MAX_S), 0.3 * x, atol=1e-7)
+    assert len(audio.prepare_waveform(x, 2 * SR, SR, MAX_S)) == len(x) // 2  # resampled to the model's rate
+
+
+def test_a_bad_waveform_is_refused_with_its_name():
+    with pytest.raises(InputError) as info:
+        audio.prepare_waveform(np.zeros((2, 3, 4)), SR, SR, MAX_S)
+    assert info.value.message == ("<waveform>: give samples as [frames] or [frames, channels] with a positive "
+                                  "rate, got shape (2, 3, 4) at 16000 Hz")
+    with pytest.raises(InputError) as info:
+        audio.prepare_waveform(tone(0.5), 0, SR, MAX_S, name="mic")
+    assert info.value.message == ("mic: give samples as [frames] or [frames, channels] with a positive rate, "
+                                  "got shape (8000,) at 0 Hz")
+    with pytest.raises(InputError) as info:  # no header here: the length is only known from the samples
+        audio.prepare_waveform(tone(31, sr=1000), 1000, SR, MAX_S, name="mic")
+    assert info.value.message == "mic is 31.0 s long; the model takes at most 30 s per clip: cut it into shorter clips"
+
+
+def test_empty_bytes_are_refused_like_an_empty_file(tmp_path, hint):
+    with pytest.raises(InputError) as info:
+        load_audio(tmp_path / "remote.wav", SR, MAX_S, data=b"")
+    assert info.value.message == f"{tmp_path / 'remote.wav'} is empty (0 bytes); give a {hint} file"
