@@ -171,3 +171,20 @@ def test_run_batch_reports_each_clip_to_on_done_and_the_failures_in_order(tmp_pa
     assert seen == [(files[0], None), (files[1], "ValueError: bad clip"), (files[2], None)]
     assert (summary.ok, summary.failed, summary.skipped) == (2, 1, 0)
     assert summary.failures == [(str(files[1]), "ValueError: bad clip")]
+
+
+def test_a_lock_held_without_a_pid_is_pid_unknown(tmp_path):
+    import fcntl
+
+    out = tmp_path / "r.jsonl"
+    fd = os.open(lock_path(out), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert refused(out) == (f"{out} is being written by another specdec batch (pid unknown); wait for it "
+                                "to finish, or give this run another --out")
+        os.write(fd, b"4242\n")
+        assert refused(out) == (f"{out} is being written by another specdec batch (pid 4242); wait for it "
+                                "to finish, or give this run another --out")
+    finally:
+        os.close(fd)
+    assert not out.exists()
