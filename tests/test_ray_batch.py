@@ -238,3 +238,51 @@ def test_worker_count_refuses_more_than_the_cluster_holds(local_ray):
     with pytest.raises(InputError, match="room for 0 workers"):  # no GPU here
         ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379", gpus_per_worker=1))
     assert ray_batch._worker_count(ray, RayOptions("10.0.0.1:6379")) == 2
+
+
+class ModelFreeSession:
+    """A worker session without models, so that Ray's restarts cost a process, not a load: a clip's
+    record says how many bytes the worker got; the clip named `poison` SIGKILLs its own worker,
+    first noting its pid in `deaths`."""
+
+    def __init__(self, poison: str, deaths: Path) -> None:
+        self.poison, self.deaths = poison, deaths
+
+    def describe_file(self, path: Path, data: bytes | None = None) -> dict:
+        if path.name == self.poison:
+            with open(self.deaths, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"file": str(path), "description": f"{len(data or b'')} bytes", "error": None}
+
+    def error_record(self, path: Path, message: str) -> dict:
+        return {"file": str(path), "description": None, "error": message}
+
+
+def test_a_clip_that_kills_every_worker_is_recorded_failed_once(local_ray, tmp_path):
+    """Past Ray's retries (MAX_TASK_RETRIES on one worker) the driver hands the clip out once more,
+    alone on an idle worker (RESUBMITS), then records it failed; every other clip, the ones that
+    died beside it included, is recorded once, as described."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    clips = []
+    for name in ("a.wav", "b.wav", "poison.wav", "c.wav", "d.wav"):
+        (tmp_path / name).write_bytes(name.encode() * 3)
+        clips.append(tmp_path / name)
+    events: list[WorkerEvent] = []
+    describe_all = ray_batch.describe_all(RayOptions("auto", workers=2, ship_audio=True),
+                                          partial(ModelFreeSession, "poison.wav", tmp_path / "deaths"), 1,
+                                          events.append)
+    got = list(describe_all(clips))
+
+    assert sorted(p.name for p, _ in got) == sorted(p.name for p in clips)  # each clip once
+    records = {p.name: r for p, r in got}
+    for clip in clips:
+        if clip.name != "poison.wav":
+            assert records[clip.name] == {"file": str(clip), "description": f"{3 * len(clip.name)} bytes",
+                                          "error": None}
+    poisoned = records["poison.wav"]
+    assert poisoned["description"] is None and poisoned["file"] == str(tmp_path / "poison.wav")
+    assert poisoned["error"].startswith("its Ray worker died every time it ran")
+    deaths = (tmp_path / "deaths").read_text().split()
+    assert len(deaths) == len(set(deaths)) == (1 + ray_batch.MAX_TASK_RETRIES) * (1 + ray_batch.RESUBMITS)
+    assert not [e for e in events if e.kind in ("failed", "lost")], events  # Ray restarted every one

@@ -27,8 +27,10 @@ Faults, handled by Ray's own machinery:
     restarts the actor (`max_restarts`; the new process loads the pair again) and runs its unfinished
     tasks again there (`max_task_retries`). A task's result reaches the driver once however often it
     ran, so each clip is written once.
-  * A clip that keeps killing its worker past those retries: the driver gets a RayActorError, hands
-    the clip to a worker once more, then records it as an error (a rerun retries it).
+  * A clip whose worker keeps dying past those retries: the driver gets a RayActorError and runs
+    each clip of that task once more, alone on an idle worker (the worker may have died of another
+    clip in its queue); a clip that kills its worker alone too is recorded as an error (a rerun
+    retries it).
   * A worker that cannot start (no model folder on its node, another specdec version): the others go
     on; with none left the run stops with the reason, and a rerun resumes.
   * The driver killed: the results file is what a single-process batch leaves (rerun to resume). The
@@ -249,7 +251,9 @@ class _Worker:
     host: str | None = None
     ready: bool = False
     alive: bool = True
-    busy: int = 0          # clips handed over and not yet back
+    busy: int = 0          # tasks handed over and not yet back
+    unanswered: int = 0    # pings in a row that failed
+    isolated: bool = False  # running a suspect clip, and nothing else
 
 
 class _Pool:
@@ -257,9 +261,12 @@ class _Pool:
 
     A task is a chunk of clips: one clip when workers decode one at a time; with rows in flight,
     up to twice the batch size, so rows that end early are refilled from the same chunk (fewer when
-    the clips left would not go round every worker's slots). Records come back when their chunk ends. A
-    clip handed back after its worker died is sent alone, so a clip that kills its worker fails
-    alone and not its chunk."""
+    the clips left would not go round every worker's slots). Records come back when their chunk ends.
+
+    A clip handed back after its worker died past Ray's retries is a suspect: the worker that died
+    may have died of another clip in its queue. Each suspect runs again alone on an idle worker that
+    gets nothing else meanwhile (one worker stops taking new chunks until it is idle), so a clip is
+    recorded as failed only when it killed a worker that held nothing but it."""
 
     def __init__(self, ray: ModuleType, options: RayOptions, make_session: Callable[[], ClipSession],
                  batch_size: int, on_event: Callable[[WorkerEvent], None]) -> None:
@@ -272,17 +279,17 @@ class _Pool:
         self.pings = {w.actor.info.remote(): i for i, w in enumerate(self.workers)}  # ref -> worker
         self.running: dict[Any, tuple[int, list[Path]]] = {}                         # ref -> (worker, clips)
         self.todo: deque[Path] = deque()
-        self.alone: deque[Path] = deque()      # handed back after a worker died: sent one per task
+        self.suspects: deque[Path] = deque()   # handed back after a worker died: each runs alone
         self.given_back = Counter[Path]()
         self.last_failure = ""
 
     def run(self, clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
         self.todo.extend(clips)
         try:
-            while self.todo or self.alone or self.running:
+            while self.todo or self.suspects or self.running:
                 self._hand_out()
                 if not self.running and not self.pings:
-                    left = len(self.todo) + len(self.alone)
+                    left = len(self.todo) + len(self.suspects)
                     raise SpecdecError(f"no Ray worker left to describe {left} clips ({self.last_failure}); "
                                        "the results so far are kept: rerun to resume")
                 [ref], _ = self.ray.wait([*self.running, *self.pings], num_returns=1)
@@ -297,8 +304,6 @@ class _Pool:
                 self.ray.kill(worker.actor, no_restart=True)
 
     def _chunk(self) -> list[Path]:
-        if self.alone:
-            return [self.alone.popleft()]
         size = 1
         if self.batch_size > 1:  # every slot of every live worker gets a share of what is left
             slots = DEPTH * (sum(w.alive for w in self.workers) or 1)
@@ -306,13 +311,24 @@ class _Pool:
         return [self.todo.popleft() for _ in range(min(size, len(self.todo)))]
 
     def _hand_out(self) -> None:
-        for index, worker in enumerate(self.workers):
-            while (self.todo or self.alone) and worker.ready and worker.busy < DEPTH:
-                chunk = self._chunk()
-                ref = worker.actor.describe.remote([str(c) for c in chunk], [self._source(c) for c in chunk],
-                                                   self.batch_size)
-                self.running[ref] = (index, chunk)
-                worker.busy += 1
+        usable = [i for i, w in enumerate(self.workers) if w.ready and not w.isolated]
+        drain = usable[0] if self.suspects and usable else None  # left to go idle for the next suspect
+        for index in usable:
+            worker = self.workers[index]
+            if index == drain:
+                if worker.busy == 0:
+                    self._submit(index, [self.suspects.popleft()])
+                    worker.isolated = True
+                continue
+            while self.todo and worker.busy < DEPTH:
+                self._submit(index, self._chunk())
+
+    def _submit(self, index: int, chunk: list[Path]) -> None:
+        worker = self.workers[index]
+        ref = worker.actor.describe.remote([str(c) for c in chunk], [self._source(c) for c in chunk],
+                                           self.batch_size)
+        self.running[ref] = (index, chunk)
+        worker.busy += 1
 
     def _source(self, clip: Path) -> bytes | str | Exception:
         where = Path(os.path.abspath(clip))  # workers need not share the driver's current directory
@@ -329,8 +345,15 @@ class _Pool:
         try:
             pid, host, version, failure = self.ray.get(ref)
         except self.ray.exceptions.RayActorError as exc:
-            self._lost(index, "failed" if worker.pid is None else "lost", one_line(exc))
+            # A ping fails too when the worker dies under a clip while the ping waits its turn (it
+            # shares the retries); only a worker past its restarts keeps failing them, at once.
+            worker.unanswered += 1
+            if worker.unanswered <= MAX_RESTARTS + 1:
+                self.pings[worker.actor.info.remote()] = index
+            else:
+                self._lost(index, "failed" if worker.pid is None else "lost", one_line(exc))
             return
+        worker.unanswered = 0
         if failure is None and version != __version__:
             failure = (f"specdec {version} on {host}, {__version__} here: install the same version on every "
                        "node (records carry the version)")
@@ -345,19 +368,20 @@ class _Pool:
     def _records(self, ref: Any, index: int, chunk: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
         """The chunk's records; none for clips that went back into the queue."""
         worker, exceptions = self.workers[index], self.ray.exceptions
+        worker.isolated = False  # an isolated worker's one task is this one
         try:
             pid, records = self.ray.get(ref)
         except exceptions.RayActorError as exc:
             # Ray restarted this worker and ran the chunk again MAX_TASK_RETRIES times, and it still
-            # died (or Ray gave the worker up). Ask the worker whether it lives; hand each clip out
-            # again, alone; a clip that killed its worker alone too is recorded as failed.
+            # died (or Ray gave the worker up). Ask the worker whether it lives; each clip becomes a
+            # suspect (see the class doc); one that killed its worker alone too is recorded as failed.
             if worker.ready and worker.alive:
                 worker.ready = False
                 self.pings[worker.actor.info.remote()] = index
             for clip in chunk:
                 if self.given_back[clip] < RESUBMITS:
                     self.given_back[clip] += 1
-                    self.alone.append(clip)
+                    self.suspects.append(clip)
                 else:
                     yield clip, self._error_record(clip, f"its Ray worker died every time it ran ({one_line(exc)}); "
                                                          "rerun to retry it")
@@ -374,9 +398,10 @@ class _Pool:
             yield clip, by_file[str(clip)]
 
     def _error_record(self, clip: Path, message: str) -> dict[str, Any]:
-        """Built by a live worker's session, so it carries what every other record carries."""
+        """Built by a live worker's session, so it carries what every other record carries (one
+        being restarted answers once it is back)."""
         for worker in self.workers:
-            if worker.ready and worker.alive:
+            if worker.alive:
                 try:
                     return self.ray.get(worker.actor.error_record.remote(str(clip), message))
                 except self.ray.exceptions.RayError:
