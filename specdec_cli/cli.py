@@ -559,14 +559,14 @@ def _ray_describe_all(options: RayOptions, flags: Flags, batch_size: int, consol
     decoding `batch_size` rows at a time where this run can batch."""
     from functools import partial
 
+    from .run_settings import model_id
     from .scale.ray_batch import describe_all
 
     resolved = run_settings(flags)
-    settings = resolved[2]
-    # Model folders by absolute path (a worker's current directory need not be ours); the bundled
-    # demo pair (None) is each worker's own copy.
-    worker_flags = replace(flags, edge=settings.edge if flags.edge else None,
-                           cloud=settings.cloud if flags.cloud else None)
+    # Model folders by absolute path (a worker's current directory need not be ours); Hub ids and a
+    # --cloud URL as given; the bundled demo pair (None) is each worker's own copy.
+    worker_flags = replace(flags, edge=model_id(flags.edge) if flags.edge else None,
+                           cloud=model_id(flags.cloud) if flags.cloud else None)
     threads = None
     if models.threads_pinned:
         import torch
@@ -611,6 +611,9 @@ def serve(
     session_ttl: Annotated[float, typer.Option(min=0.001, help="Seconds an idle session stays open.")] = 300.0,
     token_file: Annotated[Path | None, typer.Option(help="Bearer tokens, one per line; every request must carry one "
                                                     "(default: $SPECDEC_TOKEN, else none).", show_default=False)] = None,
+    batch_window_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a verification waits for other "
+                                                   "sessions' to share its forward (0: one at a time).")] = 2.0,
+    max_batch: Annotated[int, typer.Option(min=1, help="Verifications in one forward at most (1: one at a time).")] = 16,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT`."""
     from .remote import server
@@ -625,7 +628,7 @@ def serve(
     def announce(line: str) -> None:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-    server.serve(hosted, host, port, server.ServeOptions(max_sessions, session_ttl, tokens), announce)
+    server.serve(hosted, host, port, server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch), announce)
     sys.stderr.write("specdec serve: stopped\n")
 
 
