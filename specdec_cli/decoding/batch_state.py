@@ -12,6 +12,11 @@ verbs, per row:
   tokens (rows not named get none); per-row logits back.
 * `rollback(key, length)`         — cut one row back, the others untouched.
 * `leave(key)`                    — the row's slot in the batch is freed.
+* `adopt({key: state})` / `release({key: state})` — rows borrowed from single-sequence
+  `ModelState`s whose prompt has run (a server's sessions between requests): the states lend
+  their caches (`ModelState.lend`, one copy into the batch) and get them back, each row's columns
+  gathered into a cache of its own (`ModelState.take_back`, one copy). Only the sequences being
+  worked on are rows of the forward; each cache has one owner at a time.
 
 How rows of different lengths share one cache. `DynamicCache` holds one tensor per layer,
 [B, heads, L, head_dim], with one physical length L for all rows. Each row records which physical
@@ -65,6 +70,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
+
+from .state import Lent, ModelState
 
 
 @dataclass
@@ -333,20 +340,80 @@ class BatchState:
     @torch.inference_mode()
     def leave(self, key: Hashable) -> Row:
         """Drop a row from the batch; returns its last state (counters included)."""
-        i = self.order.index(key)
-        keep = [j for j in range(len(self.order)) if j != i]
-        row = self.rows.pop(key)
-        del self.order[i]
+        row = self.rows[key]
+        self._drop([key])
+        return row
+
+    @torch.inference_mode()
+    def adopt(self, states: Mapping[Hashable, ModelState]) -> None:
+        """Rows from single-sequence states whose prompt has run, without a forward: each state
+        lends its cache, tokens, rope offset, kept logits and counters (`ModelState.lend`) and the
+        batch owns them until `release`. A server verifying a few of its sessions at once makes
+        only those sessions rows of the forward; the others keep their caches on their own (an
+        idle row would cost every forward a padded row). Costs one copy of the adopted caches."""
+        if not states:
+            return
+        lent: dict[Hashable, Lent] = {}
+        for key, state in states.items():
+            assert key not in self.rows, f"{self.name}: row {key!r} is in the batch already"
+            lent[key] = state.lend()
+            assert all(type(layer) is DynamicLayer for layer in lent[key].cache.layers), (
+                f"{self.name}: only full-attention caches can be batched (a sliding window drops columns)")
+        width = max(len(got.ids) for got in lent.values())
+        pairs = []
+        for per_row in zip(*(got.cache.layers for got in lent.values()), strict=True):
+            # [J, H, width, D]: each row's columns first, holes after (as a joining row's)
+            _, h, _, d = per_row[0].keys.shape
+            keys = per_row[0].keys.new_zeros(len(per_row), h, width, d)
+            values = torch.zeros_like(keys)
+            for i, layer in enumerate(per_row):
+                keys[i, :, :layer.keys.shape[2]] = layer.keys[0]
+                values[i, :, :layer.values.shape[2]] = layer.values[0]
+            pairs.append((keys, values))
+        valid = torch.zeros(len(lent), width, dtype=torch.bool, device=self.device)  # [J, width]
+        for i, (key, got) in enumerate(lent.items()):
+            n = len(got.ids)
+            valid[i, :n] = True
+            self.order.append(key)
+            self.rows[key] = Row(list(got.ids), list(range(n)), list(states[key].prompt_ids), got.delta,
+                                 got.last_logits, got.prefill_tokens, got.forwards, got.tokens_fed,
+                                 got.all_forwards, name=f"{self.name}[{key}]")
+        self._insert(_cache_of(pairs), valid)
+        self._check()
+
+    @torch.inference_mode()
+    def release(self, states: Mapping[Hashable, ModelState]) -> None:
+        """Rows leave the batch and each `states[key]` owns its row again (`ModelState.take_back`):
+        the row's columns gathered into a cache of its own, [1, H, len(ids), D] per layer, with its
+        rope offset, kept logits and counters. A row that joined here (its prompt ran in this batch)
+        is owned by its state for the first time. The rows not named stay."""
+        keys = list(states)
+        for key in keys:
+            row = self.rows[key]
+            i = self.order.index(key)
+            slots = torch.tensor(row.slots, device=self.device)
+            own = _cache_of([(layer.keys[i:i + 1].index_select(2, slots), layer.values[i:i + 1].index_select(2, slots))
+                             for layer in self.cache.layers])
+            states[key].take_back(Lent(own, row.ids, row.delta, row.last_logits, row.prefill_tokens,
+                                       row.forwards, row.tokens_fed, row.all_forwards))
+        self._drop(keys)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _drop(self, keys: Sequence[Hashable]) -> None:
+        """Rows out of the batch: one selection of the others per layer (none when none stay)."""
+        gone = set(keys)
+        keep = [i for i, key in enumerate(self.order) if key not in gone]
+        for key in keys:
+            del self.rows[key]
+        self.order = [self.order[i] for i in keep]
         if not keep:
             self.cache, self.valid = None, torch.zeros(0, 0, dtype=torch.bool, device=self.device)
-            return row
+            return
         self.cache.batch_select_indices(torch.tensor(keep, device=self.device))
         self.valid = self.valid[keep]
         self._tidy()
         self._check()
-        return row
-
-    # -- internals ------------------------------------------------------------------------------
 
     def _pad_columns(self, width: int) -> None:
         """Grow the cache to `width` columns with holes at the end."""
@@ -398,6 +465,18 @@ class BatchState:
             row = self.rows[key]
             assert count == len(row.slots) == len(row.ids), (
                 f"{row.name}: cache holds {count} positions but {len(row.ids)} tokens")
+
+
+def _cache_of(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A DynamicCache holding these (keys, values) per layer as they are: building it through
+    `DynamicCache(ddp_cache_data)` would copy every tensor once more (its update concatenates)."""
+    cache = DynamicCache()
+    for keys, values in pairs:
+        layer = DynamicLayer()  # what its lazy_initialization sets, without its two empty tensors
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
 
 
 def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -58,6 +59,20 @@ def logits_for_last(model: torch.nn.Module, keep: int) -> Iterator[dict]:
 @functools.cache
 def _takes_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
+
+
+@dataclass
+class Lent:
+    """A sequence's cache and bookkeeping while a batch runs it (ModelState.lend / take_back)."""
+
+    cache: DynamicCache          # [1, heads, len(ids), head_dim] per layer
+    ids: list[int]
+    delta: int                   # int(rope_deltas)
+    last_logits: torch.Tensor | None
+    prefill_tokens: int
+    forwards: int
+    tokens_fed: int
+    all_forwards: int
 
 
 class ModelState:
@@ -150,6 +165,29 @@ class ModelState:
             self.cache.crop(-remove)  # transformers 5.x: a negative count of tokens to drop
             del self.ids[length:]
             self.last_logits = None   # the logits at the new end were not kept
+        self._check()
+
+    def lend(self) -> Lent:
+        """Move what this state owns for its sequence — cache, tokens, rope offset, kept logits,
+        counters — out to a batch that runs it as one of its rows (`BatchState.adopt`; a server
+        batching its sessions' verifications). Until `take_back` this state holds nothing, so the
+        cache has one owner at a time. Only a state whose prompt has run can lend."""
+        assert self.started, f"{self.name}: nothing to lend before the prompt has run"
+        self._check()
+        lent = Lent(self.cache, self.ids, self._delta, self.last_logits, self.prefill_tokens, self.forwards,
+                    self.tokens_fed, self.all_forwards)
+        self.ids, self.cache, self.rope_deltas, self.last_logits = [], None, None, None
+        return lent
+
+    def take_back(self, lent: Lent) -> None:
+        """Own the sequence again after a batch gave it back (`BatchState.release`), or for the
+        first time when its prompt ran in the batch (the lazy prefill of a row that joined)."""
+        assert not self.started, f"{self.name}: holds a cache already"
+        assert lent.ids[:len(self.prompt_ids)] == self.prompt_ids, f"{self.name}: not this clip's sequence"
+        self.cache, self.ids, self._delta, self.last_logits = lent.cache, list(lent.ids), lent.delta, lent.last_logits
+        self.rope_deltas = torch.tensor([[lent.delta]], device=self.device) if self._mrope else None
+        self.prefill_tokens, self.forwards = lent.prefill_tokens, lent.forwards
+        self.tokens_fed, self.all_forwards = lent.tokens_fed, lent.all_forwards
         self._check()
 
     # -- derived views --------------------------------------------------------------------------

@@ -17,6 +17,10 @@ the vocabulary, lengths within the context, sessions at most --max-sessions (the
 used idle one is evicted for a new one; when every one is busy the answer is 503 + Retry-After),
 idle sessions evicted after --session-ttl. Model work runs in a worker thread under one lock, so
 /health and /metrics answer while a forward runs.
+
+Verifications of concurrent sessions that arrive within --batch-window-ms of each other run as one
+batched forward (at most --max-batch sessions; `batching.py` says how, and who owns a session's
+cache meanwhile); --batch-window-ms 0 or --max-batch 1 verifies one request at a time.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from . import wire
 RETRY_AFTER_S = 1
 MAX_DRAFT = 256           # tokens in one draft (k is a handful; a bound keeps one request's work bounded)
 MAX_NEW_TOKENS = 4096     # a config may not ask the server for more than this
+BATCH_WINDOW_MS = 2.0     # how long a verification waits for others to share its forward (bench/server_batching.py)
+MAX_BATCH = 16            # verifications in one forward
 
 
 class ApiError(Exception):
@@ -186,6 +192,10 @@ class Sessions:
         self._open.move_to_end(sid)
         return session
 
+    def idle(self) -> int:
+        """Open sessions not verifying now (those that could send a verification)."""
+        return sum(1 for s in self._open.values() if not s.busy)
+
     def reserve(self) -> None:
         """Make room for one new session: evict the least recently used idle one at the limit; 503
         when every open session is busy."""
@@ -237,6 +247,8 @@ class Metrics:
         self.latency = Histogram("specdec_verify_seconds", "Time to answer a verification (queue + forward)",
                                  buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10), registry=r)
         self.requests = Counter("specdec_requests", "Requests answered, by status", ["status"], registry=r)
+        self.batch_size = Histogram("specdec_verify_batch_size", "Verifications scored in one forward",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -246,6 +258,8 @@ class ServeOptions:
     max_sessions: int = 64
     session_ttl_s: float = 300.0
     tokens: list[str] = field(default_factory=list)  # empty: no authentication (loopback only)
+    batch_window_ms: float = BATCH_WINDOW_MS  # 0: one verification at a time
+    max_batch: int = MAX_BATCH                 # 1: one verification at a time
 
 
 def check_bind(host: str, tokens: list[str]) -> None:
@@ -285,6 +299,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     from ..decoding.config import DecodingConfig
     from ..decoding.processors import DecodingRules
     from ..decoding.verifier import LocalCloud
+    from . import batching
 
     metrics = Metrics()
     sessions = Sessions(options.max_sessions, options.session_ttl_s, metrics)
@@ -380,13 +395,32 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 return fn()
         return await to_thread.run_sync(locked)
 
+    async def verify_batch(jobs: list[batching.Job]) -> list[Any]:
+        metrics.batch_size.observe(len(jobs))
+        if len(jobs) == 1:
+            return [await in_worker(lambda: batching.verify_one(jobs[0]))]
+        return await in_worker(lambda: batching.verify_together(hosted.model, jobs))
+
+    arriving = [0]  # verify requests in their handler (being read, checked, opened, or verified)
+    batcher = (batching.Batcher(verify_batch, options.batch_window_ms / 1000, options.max_batch,
+                                lambda: sessions.idle() + arriving[0])
+               if options.batch_window_ms > 0 and options.max_batch > 1 else None)
+
+    async def verify_now(job: batching.Job) -> wire.VerifyResponse:
+        """Batched with other sessions' verifications, or alone (--batch-window-ms 0 / --max-batch 1)."""
+        if batcher is not None:
+            return await batcher.submit(job)
+        return (await verify_batch([job]))[0]
+
     # -- handlers -----------------------------------------------------------------------------
 
     async def health(request: Request) -> Response:
         owner_of(request)
         sessions.expire()
         return JSONResponse({"status": "ok", **hosted.describe(), "sessions": len(sessions),
-                             "max_sessions": options.max_sessions, "session_ttl_s": options.session_ttl_s})
+                             "max_sessions": options.max_sessions, "session_ttl_s": options.session_ttl_s,
+                             "batch_window_ms": options.batch_window_ms if batcher else 0,
+                             "max_batch": options.max_batch if batcher else 1})
 
     async def metrics_endpoint(request: Request) -> Response:
         owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
@@ -440,7 +474,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             sequence = session.cloud.state.ids + list(req.pending)
         session.busy = True
         try:
-            answer = await in_worker(lambda: _verify(session, sequence, req))
+            answer = await verify_now(batching.Job(session, sequence, req))
         except ApiError:
             raise
         except Exception:
@@ -487,42 +521,6 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             raise ApiError(404, "unknown_session", "no such session (it ended, was evicted or the server restarted)")
         return JSONResponse({"closed": True})
 
-    def _verify(session: CloudSession, sequence: list[int], req: wire.VerifyRequest) -> wire.VerifyResponse:
-        """Score, judge, roll back: the in-process loop's steps 4-5 for one block (worker thread)."""
-        import torch
-
-        from ..decoding.acceptance import Verdict, draw_at, first_rejection
-        from ..decoding.drafter import Proposal
-        from ..decoding.loop import extend
-        from ..decoding.verifier import target_probs
-
-        cloud = session.cloud
-        before = (cloud.prefill_tokens, cloud.tokens_fed, cloud.forwards, cloud.all_forwards)
-        rejected_row: list[torch.Tensor] = []
-        acceptance = None
-        if req.sampling is not None:
-            s = req.sampling
-
-            def acceptance(draft: list[int], scores: Any) -> Verdict:
-                probs = target_probs(scores)
-                j = first_rejection(draft, s.p_draft, probs, s.u)
-                if j == len(draft):
-                    return Verdict(j, draw_at(probs[j], s.u_last), "bonus")
-                rejected_row.append(probs[j])  # the client draws the residual: it has the draft's row
-                return Verdict(j, -1, "recovered")
-        verdict, fed = cloud.verify(sequence, Proposal(list(req.draft), [], None), session.rules, None, acceptance)
-        cloud.rollback(len(sequence) + verdict.accepted)
-        # Does the verdict end the clip? The loop's own stop rule over the tokens it will append
-        # (not knowable when the client draws the token). Then the session closes here and the
-        # client need not spend a round trip on closing it.
-        ended = verdict.token >= 0 and extend(list(sequence), list(req.draft[:verdict.accepted]) + [verdict.token],
-                                              session.rules)
-        return wire.VerifyResponse(
-            session=session.id, accepted=verdict.accepted, token=verdict.token, kind=verdict.kind,
-            held=len(cloud), fed=fed, prefilled=cloud.prefill_tokens - before[0],
-            forwards=cloud.forwards - before[2], all_forwards=cloud.all_forwards - before[3],
-            target_row=wire.sparse_row(rejected_row[0]) if rejected_row else None, ended=ended)
-
     # -- errors: always one line of JSON, never a traceback -----------------------------------
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
@@ -540,6 +538,17 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         metrics.requests.labels("500").inc()
         return error_response(500, "internal", f"internal error ({type(exc).__name__}); the server goes on")
 
+    def arrives(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """Counts the verify requests in progress: the batcher's window waits only while one of
+        them, or an idle session, could still join its batch."""
+        async def wrapped(request: Request) -> Response:
+            arriving[0] += 1
+            try:
+                return await handler(request)
+            finally:
+                arriving[0] -= 1
+        return wrapped
+
     def counted(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
             response = await handler(request)
@@ -550,7 +559,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     routes = [
         Route("/health", counted(health), methods=["GET"]),
         Route("/metrics", counted(metrics_endpoint), methods=["GET"]),
-        Route("/v1/verify", counted(verify), methods=["POST"]),
+        Route("/v1/verify", counted(arrives(verify)), methods=["POST"]),
         Route("/v1/generate", counted(generate), methods=["POST"]),
         Route("/v1/sessions/{sid}", counted(close), methods=["DELETE"]),
     ]
@@ -584,6 +593,8 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
 
     check_bind(host, options.tokens)
     app = create_app(hosted, options)
+    batching_note = (f"verifications batched (up to {options.max_batch}, {options.batch_window_ms:g} ms window)"
+                     if options.batch_window_ms > 0 and options.max_batch > 1 else "verifications one at a time")
 
     class _Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -604,7 +615,8 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
                 announce(f"specdec serve: listening on http://{shown}:{bound[1]} · cloud {hosted.model_id} "
                          f"(vocab {hosted.vocab}, {hosted.dtype}, {hosted.device}, weights {hosted.fingerprint}) "
                          f"· at most {options.max_sessions} sessions, idle ones closed after "
-                         f"{options.session_ttl_s:g} s · {'token required' if options.tokens else 'no token (loopback only)'}")
+                         f"{options.session_ttl_s:g} s · {batching_note} · "
+                         f"{'token required' if options.tokens else 'no token (loopback only)'}")
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, h11_max_incomplete_event_size=64 * 1024)
