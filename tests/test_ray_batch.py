@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from specdec_cli.audio import load_audio
 from specdec_cli.batch import ResultsFile, read_records, run_batch
 from specdec_cli.cli import _flags, app, run_settings, worker_session
-from specdec_cli.errors import InputError
+from specdec_cli.errors import InputError, ModelError, SpecdecError
 from specdec_cli.scale import ray_batch
 from specdec_cli.scale.ray_batch import INSTALL_HINT, RayOptions, WorkerEvent
 
@@ -86,6 +86,7 @@ def local_ray():
              object_store_memory=ray_batch.OBJECT_STORE_BYTES, log_to_driver=False)
     started = descendants(os.getpid()) - before
     assert started, "ray.init started no process"
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
     yield
     ray.shutdown()
     deadline = time.monotonic() + 30
@@ -263,7 +264,6 @@ def test_a_clip_that_kills_every_worker_is_recorded_failed_once(local_ray, tmp_p
     """Past Ray's retries (MAX_TASK_RETRIES on one worker) the driver hands the clip out once more,
     alone on an idle worker (RESUBMITS), then records it failed; every other clip, the ones that
     died beside it included, is recorded once, as described."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
     clips = []
     for name in ("a.wav", "b.wav", "poison.wav", "c.wav", "d.wav"):
         (tmp_path / name).write_bytes(name.encode() * 3)
@@ -286,3 +286,18 @@ def test_a_clip_that_kills_every_worker_is_recorded_failed_once(local_ray, tmp_p
     deaths = (tmp_path / "deaths").read_text().split()
     assert len(deaths) == len(set(deaths)) == (1 + ray_batch.MAX_TASK_RETRIES) * (1 + ray_batch.RESUBMITS)
     assert not [e for e in events if e.kind in ("failed", "lost")], events  # Ray restarted every one
+
+
+def unloadable_session() -> ModelFreeSession:
+    raise ModelError("cannot load the tokenizer of '/nowhere'")
+
+
+def test_workers_that_cannot_load_stop_the_run_with_their_reason(local_ray, tmp_path):
+    clips = [tmp_path / "a.wav"]
+    clips[0].write_bytes(b"x")
+    events: list[WorkerEvent] = []
+    describe_all = ray_batch.describe_all(RayOptions("auto", workers=2), unloadable_session, 1, events.append)
+    with pytest.raises(SpecdecError, match=r"no Ray worker left to describe 1 clips \(worker \d: cannot load the "
+                                           r"tokenizer of '/nowhere'\)"):
+        list(describe_all(clips))
+    assert sorted((e.index, e.kind) for e in events) == [(0, "failed"), (1, "failed")]

@@ -56,10 +56,10 @@ from ..errors import InputError, SpecdecError, one_line
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec[ray]'"
 
-DEPTH = 2                # clips handed to one worker at a time: one decoding, one waiting
+DEPTH = 2                # tasks handed to one worker at a time: one decoding, one waiting
 MAX_RESTARTS = 16        # how often Ray restarts one worker process that died (per worker, per run)
 MAX_TASK_RETRIES = 2     # how often Ray runs a clip again after its worker died under it
-RESUBMITS = 1            # after that, how often the driver hands the clip to a worker once more
+RESUBMITS = 1            # after that, how often the driver runs the clip again, alone
 CONNECT_TIMEOUT_S = 5.0  # for the check that something listens at --ray ADDRESS
 # A local Ray's shared-memory object store: only clips in flight pass through it (Ray's floor is 75 MiB).
 OBJECT_STORE_BYTES = 96 * 1024 * 1024
