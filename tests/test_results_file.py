@@ -188,3 +188,23 @@ def test_a_lock_held_without_a_pid_is_pid_unknown(tmp_path):
     finally:
         os.close(fd)
     assert not out.exists()
+
+
+def test_folder_refusals_word_for_word(tmp_path):
+    from specdec_cli.batch import find_audio
+
+    suffixes = (".wav", ".flac")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(InputError) as info:
+        find_audio(tmp_path, suffixes)
+    assert info.value.message == f"no audio files (.wav, .flac) in {tmp_path} (add --recursive to look in subfolders)"
+    with pytest.raises(InputError) as info:
+        find_audio(tmp_path, suffixes, recursive=True)
+    assert info.value.message == f"no audio files (.wav, .flac) in {tmp_path}"
+    long = tmp_path / ("d" * 300)
+    with pytest.raises(InputError) as info:
+        find_audio(long, suffixes)
+    assert info.value.message == f"cannot read {long}: File name too long"
+    with pytest.raises(InputError) as info:
+        find_audio(tmp_path / "notes.txt" / "x", suffixes)
+    assert info.value.message == f"no such folder: {tmp_path / 'notes.txt' / 'x'}; check the path"

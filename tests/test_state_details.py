@@ -134,3 +134,17 @@ def test_a_cache_out_of_step_with_the_tokens_is_caught(edge, inputs):
     state.ids.append(EXTRA[0])  # tokens without their cache entry
     with pytest.raises(AssertionError, match=f"^edge: cache holds {p} positions but {p + 1} tokens$"):
         state.rollback(p + 1)
+
+
+@pytest.mark.parametrize("pending", [1, 3])
+def test_logits_after_catches_up_in_one_forward(edge, inputs, pending):
+    """logits_after(sequence) feeds the tokens the cache lacks in one forward and returns the row
+    after the last: the uncached forward's."""
+    state = ModelState(edge)
+    state.prefill(inputs)
+    sequence = state.ids + EXTRA[:pending]
+    row = state.logits_after(sequence)
+    assert state.ids == sequence and state.forwards == 1 and state.tokens_fed == pending
+    assert row.shape == (edge.config.text_config.vocab_size,)
+    assert (row - full_forward_logits(edge, inputs, EXTRA[:pending])[-1]).abs().max() <= 1e-4
+    assert torch.equal(state.logits_after(sequence), row) and state.forwards == 1  # nothing pending: no forward
