@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -136,13 +135,14 @@ def test_ray_batch_matches_single_process(local_ray, single, tmp_path):
 
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_path, batch_size):
-    """Worker 1 is SIGKILLed while it holds clips: one at a time, as its first record comes back
-    (its next clip is under way); with rows in flight, 0.3 s into its first chunk of up to 8."""
-    # 2 copies of each sample under distinct names: enough clips that both workers hold some when one dies.
+    """Worker 1 is SIGKILLed by its pid as the run's first record comes back: it holds two tasks from
+    its start (one clip each, or a chunk of clips decoded as rows), and its first cannot have
+    come back before the first record did, so at least one of them is under way."""
+    # 3 copies of each sample under distinct names: enough clips that both workers hold some when one dies.
     folder = tmp_path / "clips"
     folder.mkdir()
     for wav in sorted(SAMPLES.glob("*.wav")):
-        for copy in ("a", "b"):
+        for copy in ("a", "b", "c"):
             shutil.copy(wav, folder / f"{copy}_{wav.name}")
     clips = sorted(folder.glob("*.wav"))
     flags = _flags("fluent", None, None, "cpu", "float32", None)
@@ -151,31 +151,17 @@ def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_
     events: list[WorkerEvent] = []
     killed: list[int] = []
 
-    def kill(pid: int) -> None:
-        if not killed:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-
-    def on_event(event: WorkerEvent) -> None:
-        events.append(event)
-        if batch_size > 1 and event.kind == "ready" and event.index == 0:
-            timer = threading.Timer(0.3, kill, [event.pid])
-            timers.append(timer)
-            timer.start()
-
     def on_done(path: Path, record: dict) -> None:
         pids = {e.index: e.pid for e in events if e.kind == "ready"}
-        if batch_size == 1 and 0 in pids:
-            kill(pids[0])
+        if not killed and 0 in pids:
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
 
-    timers: list[threading.Timer] = []
     describe_all = ray_batch.describe_all(RayOptions("auto", workers=2, ship_audio=True),
-                                          partial(worker_session, flags, resolved, None), batch_size, on_event)
+                                          partial(worker_session, flags, resolved, None), batch_size, events.append)
     out = tmp_path / "r.jsonl"
     with ResultsFile(out, resolved[2]) as results:
         summary = run_batch(clips, results, None, None, on_done, describe_all=describe_all)
-    for timer in timers:
-        timer.join()
 
     assert killed, "no worker was killed"
     assert not alive(killed[0])
