@@ -22,6 +22,10 @@ imports torch and transformers once, untimed, before the rounds.
                       For Ray it counts from the FIRST worker ready, so a second worker still
                       starting counts against it (a lower bound), and it does not depend on records
                       coming back a chunk at a time
+  decode_cpu_ms_per_clip  CPU time of the decoding processes (this one, or the Ray workers read
+                      from /proc) from each one's ready moment to the last record, per clip: what
+                      a clip costs wherever it runs, whatever else the machine is doing
+  this_process_cpu_s  CPU of this process during the run (for Ray: the driver's whole share)
 `cli` (unless --no-cli): the real commands in fresh processes, once each, wall seconds from start
 to exit: `specdec batch DIR --out F` at --batch-size 1 and the default, and with `--ray auto
 --workers N` (the default batch size in each worker), Ray start-up and worker start-up included.
@@ -78,20 +82,62 @@ def make_clips(folder: Path, count: int) -> list[Path]:
     return clips
 
 
-def timed_run(clips: list[Path], out: Path, settings, make: Callable[[Callable[[], None]], Any]) -> dict[str, Any]:
-    """`make(loaded)` gives run_batch's describe_all; it calls `loaded()` when decoding can start."""
+class CpuMeter:
+    """CPU seconds of the processes that decode (this one, or the Ray workers by /proc/PID/stat),
+    counted from the moment each is ready, so start-up is left out."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self) -> None:
+        self.base: dict[int, float] = {}  # pid -> CPU seconds when it became ready
+        self.last: dict[int, float] = {}
+
+    @classmethod
+    def of(cls, pid: int) -> float:
+        if pid == os.getpid():
+            return time.process_time()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / cls.TICK  # utime + stime
+
+    def ready(self, pid: int) -> None:
+        self.base[pid] = self.of(pid)
+
+    def sample(self) -> None:  # while the processes live (Ray workers end with the run)
+        for pid in self.base:
+            self.last[pid] = self.of(pid)
+
+    def seconds(self) -> float:
+        return sum(self.last[pid] - self.base[pid] for pid in self.base)
+
+
+def timed_run(clips: list[Path], out: Path, settings, make: Callable[[Callable[[int], None]], Any]) -> dict[str, Any]:
+    """`make(loaded)` gives run_batch's describe_all; it calls `loaded(pid)` as each process that
+    decodes becomes ready."""
     stamps: list[float] = []
     loaded: list[float] = []
+    cpu = CpuMeter()
+
+    def on_loaded(pid: int) -> None:
+        loaded.append(time.perf_counter())
+        cpu.ready(pid)
+
+    def on_done(path: Path, record: dict) -> None:
+        stamps.append(time.perf_counter())
+        cpu.sample()
+
     start = time.perf_counter()
-    describe_all = make(lambda: loaded.append(time.perf_counter()))
+    describe_all = make(on_loaded)
+    driver_cpu = time.process_time()
     with ResultsFile(out, settings, overwrite=True) as results:
-        summary = run_batch(clips, results, None, None, lambda p, r: stamps.append(time.perf_counter()),
-                            describe_all=describe_all)
+        summary = run_batch(clips, results, None, None, on_done, describe_all=describe_all)
+    driver_cpu = time.process_time() - driver_cpu
     assert summary.ok == len(clips) and summary.failed == 0, summary
     n, ready = len(stamps), min(loaded)
     return {"clips": n, "wall_s": round(stamps[-1] - start, 3), "loaded_s": round(ready - start, 3),
             "clips_per_s": round(n / (stamps[-1] - start), 3),
-            "loaded_clips_per_s": round(n / (stamps[-1] - ready), 3)}
+            "loaded_clips_per_s": round(n / (stamps[-1] - ready), 3),
+            "decode_cpu_ms_per_clip": round(1000 * cpu.seconds() / n, 2),
+            "this_process_cpu_s": round(driver_cpu, 3)}
 
 
 def comparable(out: Path) -> dict[str, dict]:
@@ -139,10 +185,10 @@ def main() -> None:
     _quiet_libraries()
     Session(flags, Console(stderr=True), resolved)  # untimed: this process's imports and first load
 
-    def single(batch_size: int, loaded: Callable[[], None]):
+    def single(batch_size: int, loaded: Callable[[int], None]):
         def describe_all(todo: list[Path]):
             session = Session(flags, Console(stderr=True), resolved)
-            loaded()
+            loaded(os.getpid())
             rows = batched_describe_all(session, batch_size)
             if rows is not None:
                 yield from rows(todo)
@@ -152,10 +198,11 @@ def main() -> None:
 
         return describe_all
 
-    def on_ray(workers: int, batch_size: int, loaded: Callable[[], None]):
+    def on_ray(workers: int, batch_size: int, loaded: Callable[[int], None]):
         def on_event(event: ray_batch.WorkerEvent) -> None:
             if event.kind == "ready":
-                loaded()
+                assert event.pid is not None
+                loaded(event.pid)
 
         return ray_batch.describe_all(ray_batch.RayOptions("auto", workers=workers),
                                       partial(worker_session, flags, resolved, None), batch_size, on_event)
@@ -192,14 +239,14 @@ def main() -> None:
     def ratio(config: str, key: str) -> float:
         return round(statistics.median(r[key] / s[key] for r, s in zip(runs[config], runs["single"], strict=True)), 3)
 
-    keys = ("wall_s", "loaded_s", "clips_per_s", "loaded_clips_per_s")
+    keys = ("wall_s", "loaded_s", "clips_per_s", "loaded_clips_per_s", "decode_cpu_ms_per_clip", "this_process_cpu_s")
     report = {
         "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after_runs": [round(x, 2) for x in load_after_runs],
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
         "clips": args.clips, "rounds": args.rounds, "ray_start_s": round(ray_start_s, 3),
         "median": {c: {k: round(statistics.median(r[k] for r in rs), 3) for k in keys} for c, rs in runs.items()},
-        "x_vs_single": {c: {k: ratio(c, k) for k in ("clips_per_s", "loaded_clips_per_s")}
+        "x_vs_single": {c: {k: ratio(c, k) for k in ("clips_per_s", "loaded_clips_per_s", "decode_cpu_ms_per_clip")}
                         for c in runs if c != "single"},
         "records_equal_to_single": True,
         "cli": cli,
@@ -209,11 +256,13 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         return
     print(f"{args.clips} clips, {args.rounds} rounds, {os.cpu_count()} CPUs, load {report['machine']['loadavg_before']}")
-    print(f"{'run':<12} {'wall s':>8} {'loaded s':>9} {'clips/s':>8} {'loaded':>8} {'x':>6} {'x loaded':>9}")
+    print(f"{'run':<12} {'wall s':>8} {'loaded s':>9} {'clips/s':>8} {'loaded':>8} {'x':>6} {'x loaded':>9} "
+          f"{'cpu ms/clip':>12}")
     for c, m in report["median"].items():
         x = report["x_vs_single"].get(c, {"clips_per_s": 1.0, "loaded_clips_per_s": 1.0})
         print(f"{c:<12} {m['wall_s']:>8.2f} {m['loaded_s']:>9.2f} {m['clips_per_s']:>8.2f} "
-              f"{m['loaded_clips_per_s']:>8.2f} {x['clips_per_s']:>6.2f} {x['loaded_clips_per_s']:>9.2f}")
+              f"{m['loaded_clips_per_s']:>8.2f} {x['clips_per_s']:>6.2f} {x['loaded_clips_per_s']:>9.2f} "
+              f"{m['decode_cpu_ms_per_clip']:>12.1f}")
     for c, row in cli.items():
         print(f"cli {c:<14} {row['wall_s']:>8.2f} s {row['clips_per_s']:>7.2f} clips/s  x{row['x_vs_single_b1']:.2f}")
 
