@@ -128,6 +128,8 @@ def test_refusals_word_for_word(tmp_path):
     assert refused(out) == f"{out} line 1 is not JSON ('{'x' * 40}…'){tail}"
     out.write_text("y" * 40 + "\n", encoding="utf-8")
     assert refused(out) == f"{out} line 1 is not JSON ('{'y' * 40}'){tail}"
+    out.write_text("z" * 41 + "\n", encoding="utf-8")
+    assert refused(out) == f"{out} line 1 is not JSON ('{'z' * 40}…'){tail}"
     out.write_text(dumps_record(record(tmp_path / "a.wav", error=None)) + "\n" + "[1, 2]\n", encoding="utf-8")
     assert refused(out) == f"{out} line 2 is JSON but not a record (a list){tail}"
     out.write_text(json.dumps({"file": "a.wav"}) + "\n", encoding="utf-8")
@@ -208,3 +210,10 @@ def test_folder_refusals_word_for_word(tmp_path):
     with pytest.raises(InputError) as info:
         find_audio(tmp_path / "notes.txt" / "x", suffixes)
     assert info.value.message == f"no such folder: {tmp_path / 'notes.txt' / 'x'}; check the path"
+
+
+def test_run_batch_needs_describe_and_error_record_without_describe_all(tmp_path):
+    with ResultsFile(tmp_path / "r.jsonl", SETTINGS) as results:
+        for describe, error_record in ((None, None), (record, None), (None, record)):
+            with pytest.raises(AssertionError, match=r"^describe_all or describe \+ error_record$"):
+                run_batch([tmp_path / "a.wav"], results, describe, error_record)
