@@ -2,7 +2,7 @@
 
 Run by hand:
 
-    python bench/batched.py [--json] [--sizes 1,2,4,8,16] [--copies 4] [--rounds 3] [--vocab152k]
+    python bench/batched.py [--json] [--sizes 1,2,4,8,16] [--copies 4] [--rounds 3] [--vocab152k] [--device cuda]
 
 The clips are the bundled samples/ (9 clips), each used `--copies` times under its own key, so a
 batch of 16 has enough clips to stay full. Per batch size, the whole set is decoded with
@@ -75,7 +75,7 @@ class PrefillClock:
 def clip_set(pair: ModelPair, copies: int) -> list[tuple[str, Any]]:
     proc = pair.processor
     files = sorted((REPO / "samples").glob("*.wav"))
-    inputs = [proc(load_audio(f, proc.sampling_rate, proc.max_seconds)) for f in files]
+    inputs = [proc(load_audio(f, proc.sampling_rate, proc.max_seconds)).to(pair.edge.device) for f in files]
     return [(f"{c}/{f.name}", x) for c in range(copies) for f, x in zip(files, inputs, strict=True)]
 
 
@@ -130,12 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, default=4, help="times each sample is decoded (distinct rows)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--preset", default="fluent")
+    ap.add_argument("--device", default="cpu", help="torch device for the bundled pair (e.g. cuda)")
     ap.add_argument("--vocab152k", action="store_true", help="also random thinkers at the real widths")
     ap.add_argument("--max-new-tokens", type=int, default=24, help="(--vocab152k) tokens per clip")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
-    pair = load_pair()
+    pair = load_pair(device=args.device)
     cfg = DecodingConfig().with_(**resolve(args.preset, [pair.presets_file]).values)
     report: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "preset": args.preset,
                               "bundled_pair": measure(pair, clip_set(pair, args.copies), cfg, sizes, args.rounds)}
