@@ -126,9 +126,15 @@ class PairWorker:
         except Exception as exc:
             self.failure = one_line(exc)
 
-    def info(self) -> tuple[int, str, str, str | None]:
-        """(pid, host, specdec version, why the pair did not load or None)."""
-        return os.getpid(), socket.gethostname(), __version__, self.failure
+    def info(self, batch_size: int) -> tuple[int, str, str, str | None, int]:
+        """(pid, host, specdec version, why the pair did not load or None, how many clips it decodes
+        together at `batch_size`: 1 where this run cannot batch, e.g. a remote cloud)."""
+        from ..batched import batched_describe_all
+
+        rows = 1
+        if self.failure is None and batched_describe_all(self.session, batch_size) is not None:  # type: ignore[arg-type]
+            rows = batch_size
+        return os.getpid(), socket.gethostname(), __version__, self.failure, rows
 
     def describe(self, files: list[str], sources: list[bytes | str | Exception],
                  batch_size: int) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
@@ -259,8 +265,8 @@ class _Worker:
 class _Pool:
     """The driver's side: start the workers, keep each fed, collect records as they end.
 
-    A task is a chunk of clips: one clip when workers decode one at a time; with rows in flight,
-    up to twice the batch size, so rows that end early are refilled from the same chunk (fewer when
+    A task is a chunk of clips: one clip when workers decode one at a time (batch size 1, or a run
+    that cannot batch, as the workers' info says); with rows in flight, up to twice the batch size, so rows that end early are refilled from the same chunk (fewer when
     the clips left would not go round every worker's slots). Records come back when their chunk ends.
 
     A clip handed back after its worker died past Ray's retries is a suspect: the worker that died
@@ -276,12 +282,13 @@ class _Pool:
             num_cpus=1, num_gpus=options.gpus_per_worker, max_restarts=MAX_RESTARTS,
             max_task_retries=MAX_TASK_RETRIES)
         self.workers = [_Worker(actor_class.remote(make_session)) for _ in range(count)]
-        self.pings = {w.actor.info.remote(): i for i, w in enumerate(self.workers)}  # ref -> worker
+        self.pings = {w.actor.info.remote(batch_size): i for i, w in enumerate(self.workers)}  # -> worker
         self.running: dict[Any, tuple[int, list[Path]]] = {}                         # ref -> (worker, clips)
         self.todo: deque[Path] = deque()
         self.suspects: deque[Path] = deque()   # handed back after a worker died: each runs alone
         self.given_back = Counter[Path]()
         self.last_failure = ""
+        self.rows = 1  # clips a worker decodes together (its info says), so the chunk size
 
     def run(self, clips: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
         self.todo.extend(clips)
@@ -305,9 +312,9 @@ class _Pool:
 
     def _chunk(self) -> list[Path]:
         size = 1
-        if self.batch_size > 1:  # every slot of every live worker gets a share of what is left
+        if self.rows > 1:  # every slot of every live worker gets a share of what is left
             slots = DEPTH * (sum(w.alive for w in self.workers) or 1)
-            size = max(1, min(2 * self.batch_size, -(-len(self.todo) // slots)))
+            size = max(1, min(2 * self.rows, -(-len(self.todo) // slots)))
         return [self.todo.popleft() for _ in range(min(size, len(self.todo)))]
 
     def _hand_out(self) -> None:
@@ -343,13 +350,13 @@ class _Pool:
         index = self.pings.pop(ref)
         worker = self.workers[index]
         try:
-            pid, host, version, failure = self.ray.get(ref)
+            pid, host, version, failure, rows = self.ray.get(ref)
         except self.ray.exceptions.RayActorError as exc:
             # A ping fails too when the worker dies under a clip while the ping waits its turn (it
             # shares the retries); only a worker past its restarts keeps failing them, at once.
             worker.unanswered += 1
             if worker.unanswered <= MAX_RESTARTS + 1:
-                self.pings[worker.actor.info.remote()] = index
+                self.pings[worker.actor.info.remote(self.batch_size)] = index
             else:
                 self._lost(index, "failed" if worker.pid is None else "lost", one_line(exc))
             return
@@ -363,6 +370,7 @@ class _Pool:
             return
         restarted = worker.pid is not None and pid != worker.pid
         worker.pid, worker.host, worker.ready = pid, host, True
+        self.rows = rows  # every worker runs the same settings
         self.on_event(WorkerEvent(index, "restarted" if restarted else "ready", pid, host))
 
     def _records(self, ref: Any, index: int, chunk: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -377,7 +385,7 @@ class _Pool:
             # suspect (see the class doc); one that killed its worker alone too is recorded as failed.
             if worker.ready and worker.alive:
                 worker.ready = False
-                self.pings[worker.actor.info.remote()] = index
+                self.pings[worker.actor.info.remote(self.batch_size)] = index
             for clip in chunk:
                 if self.given_back[clip] < RESUBMITS:
                     self.given_back[clip] += 1
