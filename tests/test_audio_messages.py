@@ -76,6 +76,7 @@ def test_formats_hint_lists_what_libsndfile_decodes(monkeypatch, suffixes, expec
     (RuntimeError("Internal psf_fseek() failed."), "Internal psf_fseek() failed"),
     (RuntimeError("first: a: b.\nsecond line"), "b"),
     (RuntimeError("  "), "RuntimeError"),
+    (RuntimeError("Error: no codec for MAX."), "no codec for MAX"),
     (OSError(), "OSError"),
 ])
 def test_reason_is_libsndfiles_last_words_of_the_first_line(exc, expected):

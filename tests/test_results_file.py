@@ -51,9 +51,10 @@ def test_records_keep_chinese_as_text():
 def test_backup_names_count_up_from_2(tmp_path):
     out = tmp_path / "r.jsonl"
     assert backup_path(out) == tmp_path / "r.jsonl.bak"
-    for name in ("r.jsonl.bak", "r.jsonl.bak-2", "r.jsonl.bak-3"):
+    for name, after in (("r.jsonl.bak", "r.jsonl.bak-2"), ("r.jsonl.bak-2", "r.jsonl.bak-3"),
+                        ("r.jsonl.bak-3", "r.jsonl.bak-4")):
         (tmp_path / name).write_text("old")
-    assert backup_path(out) == tmp_path / "r.jsonl.bak-4"
+        assert backup_path(out) == tmp_path / after
 
 
 @pytest.mark.parametrize("links", [True, False], ids=["hard-link", "copy"])
@@ -217,3 +218,22 @@ def test_run_batch_needs_describe_and_error_record_without_describe_all(tmp_path
         for describe, error_record in ((None, None), (record, None), (None, record)):
             with pytest.raises(AssertionError, match=r"^describe_all or describe \+ error_record$"):
                 run_batch([tmp_path / "a.wav"], results, describe, error_record)
+
+
+def test_missing_fields_are_named_up_to_three(tmp_path):
+    out = tmp_path / "r.jsonl"
+    tail = (f"; the file was left as it is. Give another --out, or add --overwrite to start over (the old "
+            f"file is then kept as {out}.bak)")
+    full = record(tmp_path / "a.wav")
+    names = list(RECORD_FIELDS)
+    for drop, listed in ((3, ", ".join(names[1:4])), (4, ", ".join(names[1:4]) + ", …")):
+        partial = {k: v for k, v in full.items() if k not in names[1:1 + drop]}
+        out.write_text(json.dumps(partial) + "\n", encoding="utf-8")
+        assert refused(out) == f"{out} line 1 is not a specdec record (no {listed} field){tail}"
+
+
+def test_a_results_file_that_is_a_folder(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.mkdir()
+    assert refused(out) == f"cannot read results file {out}: Is a directory"
+    assert list(out.iterdir()) == []

@@ -118,6 +118,10 @@ def test_misuse_is_refused_with_the_states_name(edge, inputs):
     state.rollback(p + 2)  # to where it is: nothing cut, the logits at the end still valid
     assert state.last_logits is logits
     state.rollback(p + 1)
+    state.rollback(p)  # back to the bare prompt: allowed
+    assert state.ids == state.prompt_ids and state.cache.get_seq_length() == p
+    state.advance(EXTRA[:2])
+    state.rollback(p + 1)
     with pytest.raises(AssertionError, match="^edge: no logits after a rollback without new tokens$"):
         state.logits_after(state.ids)
     with pytest.raises(AssertionError, match="^edge: cache holds tokens that are not a prefix of the accepted "
