@@ -612,7 +612,7 @@ def serve(
     token_file: Annotated[Path | None, typer.Option(help="Bearer tokens, one per line; every request must carry one "
                                                     "(default: $SPECDEC_TOKEN, else none).", show_default=False)] = None,
     batch_window_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a verification waits for other "
-                                                   "sessions' ones to share its forward (0: one at a time).")] = 2.0,
+                                                   "sessions' ones to share its forward (0: one at a time).")] = 10.0,
     max_batch: Annotated[int, typer.Option(min=1, help="Verifications in one forward at most (1: one at a time).")] = 16,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT`."""

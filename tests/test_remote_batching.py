@@ -172,6 +172,10 @@ def drive(local, batched, single, cfg: DecodingConfig, sampled: bool) -> int:
 
 
 def test_concurrent_greedy_verifications_in_one_forward_equal_one_at_a_time(local, batched, single):
+    assert {k: httpx.get(f"{batched.url}/health").json()[k] for k in ("batch_window_ms", "max_batch")} == \
+           {"batch_window_ms": 60, "max_batch": 8}
+    assert {k: httpx.get(f"{single.url}/health").json()[k] for k in ("batch_window_ms", "max_batch")} == \
+           {"batch_window_ms": 0, "max_batch": 1}
     before = batch_sizes(batched)
     checked = drive(local, batched, single, DecodingConfig(), sampled=False)
     after = batch_sizes(batched)

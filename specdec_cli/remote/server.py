@@ -60,7 +60,7 @@ from . import wire
 RETRY_AFTER_S = 1
 MAX_DRAFT = 256           # tokens in one draft (k is a handful; a bound keeps one request's work bounded)
 MAX_NEW_TOKENS = 4096     # a config may not ask the server for more than this
-BATCH_WINDOW_MS = 2.0     # how long a verification waits for others to share its forward (bench/server_batching.py)
+BATCH_WINDOW_MS = 10.0    # how long a verification waits for others to share its forward (bench/server_batching.py)
 MAX_BATCH = 16            # verifications in one forward
 
 
@@ -419,8 +419,8 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         sessions.expire()
         return JSONResponse({"status": "ok", **hosted.describe(), "sessions": len(sessions),
                              "max_sessions": options.max_sessions, "session_ttl_s": options.session_ttl_s,
-                             "batch_window_ms": options.batch_window_ms if batcher else 0,
-                             "max_batch": options.max_batch if batcher else 1})
+                             "batch_window_ms": options.batch_window_ms if batcher is not None else 0,
+                             "max_batch": options.max_batch if batcher is not None else 1})
 
     async def metrics_endpoint(request: Request) -> Response:
         owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
