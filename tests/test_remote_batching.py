@@ -92,16 +92,17 @@ class Session:
                                       sampling=sampling)
         return wire.VerifyRequest(draft, session=sid, held=self.held, pending=self.pending, sampling=sampling)
 
-    def step(self, url: str, answer: dict) -> None:
+    def opened(self, url: str, answer: dict) -> None:
         self.ids[url] = answer["session"]
 
-    def advance(self, answer: dict, draft: list[int]) -> None:
-        """Both servers answered alike: move on by the verdict."""
-        kept = draft[:answer["accepted"]] + [answer["token"]]
-        self.pos += len(kept)
+    def advance(self, answer: dict) -> None:
+        """Both servers answered alike: move on by the verdict. A sampled rejection leaves the
+        token to the client (its residual draw); any token will do here, the cloud's is taken."""
+        token = answer["token"] if answer["token"] >= 0 else self.truth[self.pos + answer["accepted"]]
+        self.pos += answer["accepted"] + 1
         self.held = answer["held"]
-        self.pending = [answer["token"]]
-        self.done = answer["ended"] or answer["token"] < 0 or self.pos + K >= len(self.truth)
+        self.pending = [token]
+        self.done = answer["ended"] or self.pos + K >= len(self.truth)
 
 
 def post(client: httpx.Client, url: str, request: wire.VerifyRequest) -> dict:
@@ -125,15 +126,15 @@ def send_together(clients: list[httpx.Client], url: str, reqs: dict[int, wire.Ve
         return dict(zip(reqs, pool.map(send, reqs), strict=True))
 
 
-def drive(local, batched, single, cfg: DecodingConfig, sampled: bool) -> int:
+def drive(local, batched, single, cfg: DecodingConfig, sampled: bool) -> dict[str, int]:
     """Six sessions at different lengths (one joins in round 2, while the others are in flight),
     each round's requests sent at once to the batching server and one after another to the
-    one-at-a-time server; every answer compared. Returns the greedy verdicts checked against the
-    cloud's own output."""
+    one-at-a-time server; every answer compared. Returns how many answers were compared, how many
+    greedy verdicts were checked against the cloud's own output, how many were sampled rejections."""
     sessions = [Session(local, path, start, cfg) for path, start in zip(SAMPLES[:6], (0, 3, 1, 6, 2, 4), strict=True)]
     rng = np.random.default_rng(7)
     clients = [httpx.Client(timeout=120) for _ in sessions]
-    checked = 0
+    counts = {"answers": 0, "checked": 0, "recovered": 0}
     try:
         for rnd in range(5):
             live = [i for i, s in enumerate(sessions) if not s.done and (i < 5 or rnd >= 2)]
@@ -146,13 +147,13 @@ def drive(local, batched, single, cfg: DecodingConfig, sampled: bool) -> int:
                 s = sessions[i]
                 req = s.request(single.url, wrong[i], np.random.default_rng(seeds[i]) if sampled else None)
                 want[i] = post(clients[0], single.url, req)
-                s.step(single.url, want[i])
+                s.opened(single.url, want[i])
             reqs = {i: sessions[i].request(batched.url, wrong[i], np.random.default_rng(seeds[i]) if sampled else None)
                     for i in live}
             got = send_together(clients, batched.url, reqs)
             for i in live:
                 s, a, b = sessions[i], got[i], want[i]
-                s.step(batched.url, a)
+                s.opened(batched.url, a)
                 for name in ("accepted", "token", "kind", "held", "fed", "prefilled", "forwards", "all_forwards",
                              "ended"):
                     assert a[name] == b[name], (i, rnd, name, a, b)
@@ -163,9 +164,11 @@ def drive(local, batched, single, cfg: DecodingConfig, sampled: bool) -> int:
                 if not sampled:
                     j = wrong[i]
                     assert a["accepted"] == min(j, K) and a["token"] == s.truth[s.pos + min(j, K)], (i, rnd, a)
-                    checked += 1
-                s.advance(a, reqs[i].draft)
-        return checked
+                    counts["checked"] += 1
+                counts["answers"] += 1
+                counts["recovered"] += a["kind"] == "recovered"
+                s.advance(a)
+        return counts
     finally:
         for c in clients:
             c.close()
@@ -177,9 +180,9 @@ def test_concurrent_greedy_verifications_in_one_forward_equal_one_at_a_time(loca
     assert {k: httpx.get(f"{single.url}/health").json()[k] for k in ("batch_window_ms", "max_batch")} == \
            {"batch_window_ms": 0, "max_batch": 1}
     before = batch_sizes(batched)
-    checked = drive(local, batched, single, DecodingConfig(), sampled=False)
+    counts = drive(local, batched, single, DecodingConfig(), sampled=False)
     after = batch_sizes(batched)
-    assert checked >= 15
+    assert counts["checked"] >= 15
     verifications, batches = after[0] - before[0], after[1] - before[1]
     assert verifications > batches  # some forward verified several sessions
     assert batch_sizes(single)[0] == batch_sizes(single)[1]  # the oracle never batched
@@ -187,8 +190,9 @@ def test_concurrent_greedy_verifications_in_one_forward_equal_one_at_a_time(loca
 
 def test_concurrent_sampled_verifications_in_one_forward_equal_one_at_a_time(local, batched, single):
     before = batch_sizes(batched)
-    drive(local, batched, single, DecodingConfig(sample=True, seed=3), sampled=True)
+    counts = drive(local, batched, single, DecodingConfig(sample=True, seed=3), sampled=True)
     after = batch_sizes(batched)
+    assert counts["answers"] >= 15 and 3 <= counts["recovered"] < counts["answers"]  # rejections and bonuses
     assert after[0] - before[0] > after[1] - before[1]
 
 
