@@ -441,7 +441,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             if req.clip is None or req.config is None:
                 raise ApiError(400, "bad_request", "a new session needs the clip and the config")
             cfg = config_of(req.config, "spec")
-            inputs = inputs_of(req.clip)
+            inputs = await to_thread.run_sync(inputs_of, req.clip)  # decoding + features: off the event loop
             prompt = list(req.clip.prompt_ids)
             held, sequence_len = 0, len(prompt) + len(req.pending)
             session = None
@@ -496,7 +496,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         owner_of(request)
         req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest)
         cfg = config_of(req.config, "cloud")
-        inputs = inputs_of(req.clip)
+        inputs = await to_thread.run_sync(inputs_of, req.clip)
         if len(req.clip.prompt_ids) + cfg.max_new_tokens > hosted.context:
             raise ApiError(400, "too_long", "the prompt plus max_new_tokens are over the model's context")
         pad = req.pad_id
