@@ -152,3 +152,58 @@ def test_logits_after_catches_up_in_one_forward(edge, inputs, pending):
     assert row.shape == (edge.config.text_config.vocab_size,)
     assert (row - full_forward_logits(edge, inputs, EXTRA[:pending])[-1]).abs().max() <= 1e-4
     assert torch.equal(state.logits_after(sequence), row) and state.forwards == 1  # nothing pending: no forward
+
+
+def test_the_output_head_sees_only_the_rows_kept(edge, inputs):
+    rows = []
+    handle = edge.get_output_embeddings().register_forward_hook(lambda m, a, out: rows.append(out.shape[1]))
+    try:
+        state = ModelState(edge)
+        state.prefill(inputs)
+        state.advance(EXTRA[:3], keep=2)
+        state.advance(EXTRA[3:])
+    finally:
+        handle.remove()
+    assert rows == [1, 2, 1]
+
+
+@pytest.mark.parametrize(("extra", "keep"), [([31, "audio", 52], 4), ([31, "audio", 52], 2),
+                                             (["audio"], 1), ([31, "audio"], 3)])
+def test_a_placeholder_id_in_the_answer_runs_prompt_then_tokens(cloud, inputs, extra, keep):
+    """An answer token equal to the audio placeholder id cannot ride in the prompt's forward; the
+    rows kept are still those of the eager prefill followed by the tokens."""
+    extra = [cloud.config.audio_token_id if t == "audio" else t for t in extra]
+    prompt = inputs["input_ids"][0].tolist()
+    state = ModelState(cloud, "cloud")
+    state.start(inputs)
+    rows = state.advance(prompt + extra, keep=keep)
+    assert state.all_forwards == 2 and state.ids == prompt + extra and counters(state)[:3] == (len(prompt), 1,
+                                                                                              len(extra))
+    eager = ModelState(cloud, "eager")
+    expected = torch.cat([eager.prefill(inputs)[None], eager.advance(extra)])[-keep:]
+    assert rows.shape == expected.shape and (rows - expected).abs().max() <= 1e-4
+
+
+def test_incremental_positions_carry_the_prompts_rope_offset(edge, inputs, monkeypatch):
+    """With audio alone the thinker's rope_deltas is 0, which would hide a step that forgets it.
+    Shift the prompt's M-RoPE positions by 7 (rope_deltas 7): RoPE depends only on distances, so
+    the uncached, unshifted forward stays the oracle, and every later step must add the 7 too."""
+    original = edge.model.get_rope_index
+
+    def shifted(*args, **kwargs):
+        positions, deltas = original(*args, **kwargs)
+        return positions + 7, deltas + 7
+
+    monkeypatch.setattr(edge.model, "get_rope_index", shifted)
+    state = ModelState(edge)
+    steps = [state.prefill(inputs)]
+    steps.extend(state.advance(EXTRA[:1]))
+    steps.extend(state.advance(EXTRA[1:]))
+    assert state.rope_deltas.view(-1).tolist() == [7]
+    oracle = full_forward_logits(edge, inputs, EXTRA)
+    assert (torch.stack(steps) - oracle).abs().max() <= 1e-4
+    lazy = ModelState(edge)  # the lazy first forward: prompt and answer tokens in one
+    lazy.start(inputs)
+    rows = lazy.advance(lazy.prompt_ids + EXTRA[:2], keep=3)
+    rows = torch.cat([rows, lazy.advance(EXTRA[2:])])
+    assert (rows - oracle).abs().max() <= 1e-4
