@@ -160,3 +160,24 @@ def test_empty_bytes_are_refused_like_an_empty_file(tmp_path, hint):
     with pytest.raises(InputError) as info:
         load_audio(tmp_path / "remote.wav", SR, MAX_S, data=b"")
     assert info.value.message == f"{tmp_path / 'remote.wav'} is empty (0 bytes); give a {hint} file"
+
+
+def test_bytes_are_read_not_the_path_they_are_named_by(tmp_path):
+    """With data=, the path only names the clip (a Ray worker cannot see the driver's disk)."""
+    path = write_clip(tmp_path / "clip.wav", seconds=0.5)
+    elsewhere = tmp_path / "not-here" / "clip.wav"
+    np.testing.assert_array_equal(load_audio(elsewhere, SR, MAX_S, data=path.read_bytes()),
+                                  load_audio(path, SR, MAX_S))
+
+
+def test_exactly_the_longest_clip_is_accepted(tmp_path):
+    assert len(load_audio(write_clip(tmp_path / "30s.wav", seconds=30, sr=1000), SR, MAX_S)) == 30 * SR
+    assert len(audio.prepare_waveform(tone(30, sr=1000), 1000, SR, MAX_S)) == 30 * SR
+
+
+def test_stat_failures_and_permission_in_process(tmp_path, monkeypatch):
+    long = tmp_path / ("a" * 300 + ".wav")
+    assert refused(long) == f"cannot read {long}: File name too long"
+    clip = write_clip(tmp_path / "clip.wav", seconds=0.5)
+    monkeypatch.setattr(audio.os, "access", lambda path, mode: False)  # root reads anything: stand in
+    assert refused(clip) == f"cannot read {clip}: permission denied"
