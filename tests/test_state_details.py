@@ -207,3 +207,21 @@ def test_incremental_positions_carry_the_prompts_rope_offset(edge, inputs, monke
     rows = lazy.advance(lazy.prompt_ids + EXTRA[:2], keep=3)
     rows = torch.cat([rows, lazy.advance(EXTRA[2:])])
     assert (rows - oracle).abs().max() <= 1e-4
+
+
+def test_a_text_lm_steps_with_one_dimensional_positions(tokenizer):
+    """A plain Qwen2 LM (no M-RoPE): incremental steps after a prefill equal its uncached forward."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      initializer_range=0.2)).eval()
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    state = ModelState(lm)
+    steps = [state.prefill({"input_ids": torch.tensor([ids[:3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)})]
+    steps.extend(state.advance(ids[3:4]))
+    steps.extend(state.advance(ids[4:]))
+    with torch.inference_mode():
+        full = lm(input_ids=torch.tensor([ids])).logits[0, 2:]
+    assert (torch.stack(steps) - full).abs().max() <= 1e-5
