@@ -161,3 +161,32 @@ def test_first_argmax_of_a_single_row_off_the_numpy_path():
 
     assert first_argmax(torch.tensor([1.0, 3.0, 3.0, -2.0], dtype=torch.bfloat16)) == 1
     assert first_argmax(torch.tensor([[1.0, 3.0], [4.0, 0.0]], dtype=torch.bfloat16)) == [1, 0]
+
+
+def test_a_seeded_generator_makes_the_block_reproducible():
+    """Every random number comes from the caller's generator: the same seed, the same verdicts and
+    draws (the global RNG moved in between must not matter)."""
+    def run(seed: int) -> list:
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for _ in range(50):
+            out.append(rejection_verdict([1, 3, 0], DRAFT[[0, 1, 3]].float(), TARGET[[0, 1, 3, 0]].float(), g))
+            out.append(draw(TARGET[2], g))
+        return out
+
+    first = run(5)
+    torch.rand(100)  # the global generator moves
+    assert run(5) == first and run(6) != first
+
+
+def test_rounding_fallback_takes_the_last_index_with_mass_of_several():
+    assert draw_at(torch.tensor([0.2, 0.3, 0.5, 0.0]), 1.0) == 2
+
+
+def test_widths_one_apart_and_a_misshapen_block():
+    """A draft row one narrower than the target: padded, so the last row is reached by the residual."""
+    assert recovered_token(torch.tensor([0.2, 0.3, 0.5]), torch.tensor([0.4, 0.6]), 0.0) == 2
+    with pytest.raises(AssertionError):
+        rejection_verdict([1, 2], torch.full((3, 4), 0.25), torch.full((3, 4), 0.25), torch.Generator())
+    with pytest.raises(AssertionError):
+        rejection_verdict([1, 2], torch.full((2, 4), 0.25), torch.full((2, 4), 0.25), torch.Generator())
