@@ -190,7 +190,8 @@ def _blocked_at(tok, rules: DecodingRules, prompt: list[int], ids: list[int]) ->
     return None
 
 
-@pytest.mark.parametrize(("prefix", "unit"), SEED_LOOPS)
+# The seeds' loops, and loops of a doubled word (doubling alone is ordinary Chinese: 慢慢, 轻轻).
+@pytest.mark.parametrize(("prefix", "unit"), SEED_LOOPS + [("说话人", "慢慢，"), ("说话人是女声，", "轻轻的")])
 def test_seed_loops_are_blocked_before_their_second_round_ends(tok, prefix, unit):
     prompt = _encode(tok, render_prompt())
     text = prefix + unit * 4

@@ -21,7 +21,7 @@ import random
 
 import pytest
 import torch
-from test_descriptions import CORPUS, SEED_LOOPS, _blocked_at, _encode, _rules, _whole_characters
+from test_descriptions import CORPUS, SEED_LOOPS, _encode, _rules, _whole_characters
 
 from specdec_cli.decoding import DecodingConfig
 from specdec_cli.prompt import render_prompt
@@ -138,17 +138,6 @@ def test_the_oracle_sees_a_ban_a_penalty_and_a_loop(tok):
     assert touched(tok, "说话人是女声，说话一顿一顿的，情绪平静。").startswith("loop")
     strong = DecodingConfig(max_new_tokens=200, repetition_penalty=1.5)  # 10 / 1.5 < 8: a flip
     assert touched(tok, "说话人是女声，语速较快，音调偏高，声音清亮，说话人很激动。", strong).startswith("flip")
-
-
-@pytest.mark.parametrize(("prefix", "unit"), SEED_LOOPS + [("说话人", "慢慢，"), ("说话人是女声，", "轻轻的")])
-def test_seed_loops_and_doubled_loops_are_still_caught(tok, prefix, unit):
-    prompt = _encode(tok, render_prompt())
-    text = prefix + unit * 4
-    if not _whole_characters(tok, text):
-        pytest.skip("characters outside this tokenizer's vocabulary")
-    ids = prompt + _encode(tok, text)
-    at = _blocked_at(tok, _rules(tok, prompt), prompt, ids)
-    assert at is not None and at < len(prefix) + 2 * len(unit), (text, at)
 
 
 def test_the_penalty_spares_only_the_doubling():
