@@ -443,7 +443,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             cfg = config_of(req.config, "spec")
             inputs = await to_thread.run_sync(inputs_of, req.clip)  # decoding + features: off the event loop
             prompt = list(req.clip.prompt_ids)
-            held, sequence_len = 0, len(prompt) + len(req.pending)
+            sequence_len = len(prompt) + len(req.pending)
             session = None
         else:
             session = sessions.get(req.session, owner)
