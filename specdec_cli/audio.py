@@ -1,7 +1,10 @@
 """Read one clip from disk, refuse what the model cannot use, return mono float32 at its rate.
 
 soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); librosa
-resamples. numpy, soundfile and librosa are imported when a clip is read, not with the module:
+resamples. A clip is bounded before it is decoded: the header's length is checked first, then the
+decoder reads at most the longest clip plus one frame, as a forward stream, so a header that does not
+say the length (a FLAC written to a pipe) or under-reports it (a VBR MP3 without its Xing frame) is
+read under the same bound and judged by its real length, never cut. numpy, soundfile and librosa are imported when a clip is read, not with the module:
 the CLI checks paths before paying for them, and librosa (numba, scipy.signal: over a second) only
 when a clip's rate differs from the model's. Each refusal is an InputError whose one line says what is wrong and what
 to do. Loudness is never normalised: volume is one of the attributes the model describes.
@@ -9,8 +12,12 @@ to do. Loudness is never normalised: volume is one of the attributes the model d
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +30,12 @@ MIN_SECONDS = 0.1
 # Below this peak a clip carries no speech to describe. Real quiet speech ("音量较小" in the demo
 # corpus, espeak amplitude 25) peaks some 30 dB above it, so only true silence or dither is refused.
 SILENCE_DBFS = -60.0
+
+# Decoded samples per second of audio at most (rate x channels: 384 kHz stereo, 96 kHz 7.1): with the
+# length limit, what one clip may cost to decode (30 s: 23M float32 samples, 92 MB) whatever its header.
+MAX_SAMPLES_PER_SECOND = 768_000
+# libsndfile's frame count for a stream whose header does not say its length (SF_COUNT_MAX).
+UNKNOWN_FRAMES = 2**63 - 1
 
 # libsndfile format name -> file suffixes we accept for it.
 _FORMAT_SUFFIXES = {"WAV": (".wav",), "FLAC": (".flac",), "OGG": (".ogg",), "MP3": (".mp3",)}
@@ -85,23 +98,102 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
     """The clip at `path` as mono float32 at `sampling_rate`, after validation (see module doc).
     With `data`, the clip is those bytes (the file's content, read elsewhere: a Ray driver ships
     them to workers that cannot see its disk) and `path` only names it in messages."""
-    import soundfile as sf
-
     path = Path(path)
     if data is None:
         check_path(path)
     elif not data:
         raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
     info = _info(path, data)
-    # The header tells the length before anything is decoded, so a 2-hour file is refused at once.
-    if info.samplerate > 0 and info.frames / info.samplerate > max_seconds:
-        raise InputError(f"{path} is {info.frames / info.samplerate:.1f} s long; the model takes at most "
-                         f"{max_seconds:g} s per clip: cut it into shorter clips")
+    limit = _check_header(info, path, max_seconds)
     try:
-        samples, rate = sf.read(_source(path, data), dtype="float32", always_2d=True)  # [frames, channels]
-    except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+        samples = _decode(path, data, info, limit)
+    except InputError:
+        raise
+    except Exception as exc:  # a decoder's failure on a damaged file, whatever its type: one line
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
-    return _checked(samples, rate, sampling_rate, max_seconds, path)
+    if samples.shape[0] > limit:
+        raise InputError(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
+                         "per clip: cut it into shorter clips")
+    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path)
+
+
+def _check_header(info, path: Path, max_seconds: float) -> int:
+    """What the header says, checked before anything is decoded; the most frames the clip may hold."""
+    rate, channels = info.samplerate, info.channels
+    if rate <= 0 or channels <= 0:
+        raise InputError(f"cannot decode {path} as audio (its header gives {rate} Hz, {channels} channels); "
+                         f"give a {_formats_hint()} file")
+    if rate * channels > MAX_SAMPLES_PER_SECOND:
+        raise InputError(f"{path} holds {channels} channels at {rate} Hz, over the {MAX_SAMPLES_PER_SECOND:,} "
+                         "samples per second specdec decodes; downmix or resample it (the model hears 16 kHz mono)")
+    # The header tells the length before anything is decoded, so a 2-hour file is refused at once.
+    # Not an MP3's: without a Xing frame its length is an estimate from the first frame's bitrate.
+    if info.frames != UNKNOWN_FRAMES and info.format != "MP3" and info.frames / rate > max_seconds:
+        raise InputError(f"{path} is {info.frames / rate:.1f} s long; the model takes at most "
+                         f"{max_seconds:g} s per clip: cut it into shorter clips")
+    return math.floor(max_seconds * rate)
+
+
+def _decode(path: Path, data: bytes | None, info, limit: int) -> np.ndarray:
+    """At most `limit` + 1 frames, [frames, channels] float32, read as a forward stream: never
+    capped at (or sized by) the header's count, so the caller sees the clip's real length up to the
+    bound. An MP3 without a length header goes through a pipe: libsndfile then reads it to its end
+    (given the file, it stops at its estimate, silently cutting a VBR MP3)."""
+    import soundfile as sf
+
+    if info.format == "MP3":
+        with _mp3_pipe(path, data) as stream:
+            if stream.frames == UNKNOWN_FRAMES:
+                return stream.read(limit + 1, dtype="float32", always_2d=True)
+    with _forward_only(sf)(_source(path, data)) as f:
+        if sf.SoundFile.seekable(f):
+            f.seek(0)  # as soundfile.read does: libmpg123's first samples differ without it
+        return f.read(limit + 1, dtype="float32", always_2d=True)
+
+
+@functools.cache
+def _forward_only(sf):  # -> a SoundFile class (soundfile is imported with the first clip)
+    class ForwardOnly(sf.SoundFile):
+        """A SoundFile read as a stream. soundfile caps a seekable file's reads at the header's
+        frame count and seeks after each read, which fails at the end of a FLAC whose header has
+        no count; a stream is read until the decoder stops, `frames` at most."""
+
+        def seekable(self) -> bool:
+            return False
+
+    return ForwardOnly
+
+
+@contextlib.contextmanager
+def _mp3_pipe(path: Path, data: bytes | None):
+    """The MP3 opened on a pipe that a thread fills from the file (or the bytes): libmpg123 then
+    decodes forward, and the frame count is unknown unless a Xing/Info/VBRI frame gives it. No
+    maintained Python decoder reads such an MP3 to its end without ffmpeg; libsndfile does, given a
+    pipe (its documented stream input)."""
+    import soundfile as sf
+
+    read_end, write_end = os.pipe()
+
+    def feed() -> None:
+        try:
+            with open(write_end, "wb") as out:
+                if data is not None:
+                    out.write(data)
+                    return
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 16):
+                        out.write(chunk)
+        except OSError:
+            pass  # BrokenPipeError: the reader has what it needs and closed its end
+
+    feeder = threading.Thread(target=feed, daemon=True, name="specdec-mp3-feed")
+    feeder.start()
+    try:
+        with sf.SoundFile(read_end, closefd=False) as stream:
+            yield stream
+    finally:
+        os.close(read_end)
+        feeder.join()
 
 
 def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float, path: Path) -> np.ndarray:

@@ -168,6 +168,10 @@ DtypeOpt = Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.
 PresetsFileOpt = Annotated[Path | None, typer.Option(
     "--presets", help="A presets file (e.g. from `specdec calibrate`); its presets override the built-in ones.",
     show_default=False, rich_help_panel=_D)]
+CloudTimeoutOpt = Annotated[float | None, typer.Option(
+    "--cloud-timeout", metavar="SECONDS", help="With --cloud http://…: the most one request to the server may take "
+    "in all, connect to last byte (default: $SPECDEC_CLOUD_TIMEOUT, else 60).", show_default=False,
+    rich_help_panel=_M)]
 RttOpt = Annotated[float | None, typer.Option(
     min=0, help="Modelled edge-cloud round trip (ms): adds latency_modelled_s to the record (computed, never slept).",
     show_default=False)]
@@ -188,11 +192,12 @@ class Flags:
     presets_file: Path | None = None  # --presets FILE, layered over the model folder's presets
     edge_device: str | None = None    # --edge-device / --cloud-device: one model each (None: --device)
     cloud_device: str | None = None
+    cloud_timeout: float | None = None  # --cloud-timeout (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
 
 
 def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype: str, rtt_ms: float | None,
            *, presets_file: Path | None = None, edge_device: str | None = None, cloud_device: str | None = None,
-           **given: Any) -> Flags:
+           cloud_timeout: float | None = None, **given: Any) -> Flags:
     overrides = {}
     for name, value in given.items():
         if value is None:
@@ -205,8 +210,12 @@ def _flags(preset: str, edge: str | None, cloud: str | None, device: str, dtype:
     # Check the flags now, before any model is loaded (a preset cannot make a bad flag good).
     _config(Preset("defaults", {}, "built-in"), overrides)
     dtype_name(dtype)  # a typo in a flag is bad usage (InputError, exit 2), caught before loading
+    if cloud_timeout is not None:
+        from .remote.exchange import cloud_timeout as checked_timeout
+
+        checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
     return Flags(preset, overrides, edge, cloud, device, dtype, rtt_ms, check_presets_file(presets_file),
-                 edge_device, cloud_device)
+                 edge_device, cloud_device, cloud_timeout)
 
 
 def _config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig:
@@ -234,7 +243,7 @@ def run_settings(flags: Flags) -> tuple[DecodingConfig, str | None, RunSettings]
         edge, cloud = edge or demo_edge, cloud or demo_cloud
     if models.is_url(cloud):
         # The server says which model it hosts (CloudUnreachable, exit 2, when it is down).
-        client = models.remote_client(cloud)
+        client = models.remote_client(cloud, flags.cloud_timeout)
         client.close()
         return cfg, name, RunSettings.of(cfg, name, edge, client.model_id, flags.dtype, client.fingerprint)
     return cfg, name, RunSettings.of(cfg, name, edge, cloud, flags.dtype)
@@ -260,7 +269,8 @@ class Session:
         self.cfg, self.preset, self.settings = resolved or run_settings(flags)  # a bad preset fails before loading
         with err.status("loading models…") if err.is_terminal else nullcontext():
             self.pair: ModelPair = load_pair(flags.edge, flags.cloud, flags.device, flags.dtype,
-                                             edge_device=flags.edge_device, cloud_device=flags.cloud_device)
+                                             edge_device=flags.edge_device, cloud_device=flags.cloud_device,
+                                             cloud_timeout=flags.cloud_timeout)
         models.one_thread_if_tiny(self.pair)
         self.rtt_ms = flags.rtt_ms
         from .pipeline import Describer  # torch + transformers, loaded with the models
@@ -374,6 +384,7 @@ def describe(
     device: DeviceOpt = "cpu",
     edge_device: EdgeDeviceOpt = None,
     cloud_device: CloudDeviceOpt = None,
+    cloud_timeout: CloudTimeoutOpt = None,
     dtype: DtypeOpt = "float32",
     presets_file: PresetsFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result record as one JSON object on stdout.")] = False,
@@ -389,7 +400,7 @@ def describe(
     path = Path(clip)
     check_path(path)
     flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file,
-                   edge_device=edge_device, cloud_device=cloud_device, mode=mode,
+                   edge_device=edge_device, cloud_device=cloud_device, cloud_timeout=cloud_timeout, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
                    max_new_tokens=max_new_tokens, sample=sample, seed=seed, temperature=temperature, top_p=top_p,
                    top_k=top_k, instruction=instruction, system=system)
@@ -473,6 +484,7 @@ def batch(
     device: DeviceOpt = "cpu",
     edge_device: EdgeDeviceOpt = None,
     cloud_device: CloudDeviceOpt = None,
+    cloud_timeout: CloudTimeoutOpt = None,
     dtype: DtypeOpt = "float32",
     presets_file: PresetsFileOpt = None,
     cloud_rtt_ms: RttOpt = None,
@@ -490,7 +502,7 @@ def batch(
     --out takes one run at a time."""
     files = find_audio(directory, audio_suffixes(), recursive)
     flags = _flags(preset, edge, cloud, device, dtype, cloud_rtt_ms, presets_file=presets_file,
-                   edge_device=edge_device, cloud_device=cloud_device, mode=mode,
+                   edge_device=edge_device, cloud_device=cloud_device, cloud_timeout=cloud_timeout, mode=mode,
                    verify=verify, threshold=threshold, k=k, uncertainty=uncertainty, constraints=constraints,
                    max_new_tokens=max_new_tokens, sample=sample, seed=seed, temperature=temperature, top_p=top_p,
                    top_k=top_k, instruction=instruction, system=system)

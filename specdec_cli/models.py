@@ -164,18 +164,20 @@ def eos_ids_for(tokenizer) -> list[int]:
 
 
 def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "cpu",
-              dtype: str = "float32", *, edge_device: str | None = None, cloud_device: str | None = None) -> ModelPair:
+              dtype: str = "float32", *, edge_device: str | None = None, cloud_device: str | None = None,
+              cloud_timeout: float | None = None) -> ModelPair:
     """Load edge and cloud (the bundled demo pair for any not given) and check they share a
     tokenizer before any decoding: speculative decoding compares token ids across models.
     `device` places both; `edge_device` / `cloud_device` place one each (a GPU each, or the
-    edge on the CPU): token ids and logits rows cross between them, never hidden states."""
+    edge on the CPU): token ids and logits rows cross between them, never hidden states.
+    `cloud_timeout`: seconds each request to a --cloud URL may take in all (None: $SPECDEC_CLOUD_TIMEOUT, else 60)."""
     edge_device, cloud_device = edge_device or device, cloud_device or device
     if edge is None or cloud is None:
         demo_edge, demo_cloud = demo_pair()
         edge, cloud = edge or demo_edge, cloud or demo_cloud
     processor = load_processor(edge)
     if is_url(cloud):
-        return _remote_pair(edge, cloud, processor, edge_device, dtype)
+        return _remote_pair(edge, cloud, processor, edge_device, dtype, cloud_timeout)
     cloud_tok = processor.tokenizer if same_tokenizer_files(edge, cloud) else load_processor(cloud).tokenizer
     if cloud_tok is not processor.tokenizer and not same_tokenizer(processor.tokenizer, cloud_tok):
         raise ModelError(f"edge {edge!r} and cloud {cloud!r} have different tokenizers "
@@ -194,22 +196,23 @@ def is_url(cloud: str | None) -> bool:
     return bool(cloud) and cloud.lower().startswith(("http://", "https://"))
 
 
-def remote_client(url: str) -> RemoteClient:
+def remote_client(url: str, timeout_s: float | None = None) -> RemoteClient:
     """A client for the server at `url`, its identity read (/health): CloudUnreachable if down."""
     from .remote.client import RemoteClient
 
-    client = RemoteClient(url)
+    client = RemoteClient(url, timeout_s=timeout_s)
     client.health()
     return client
 
 
-def _remote_pair(edge: str, url: str, processor: AudioTextProcessor, device: str, dtype: str) -> ModelPair:
+def _remote_pair(edge: str, url: str, processor: AudioTextProcessor, device: str, dtype: str,
+                 timeout_s: float | None = None) -> ModelPair:
     """The edge here, the cloud on a server: same tokenizer (by fingerprint), the rules' masks at
     the cloud's vocabulary width as the server reports it."""
     from .decoding.processors import VocabMasks as Masks
     from .remote.wire import tokenizer_fingerprint
 
-    client = remote_client(url)
+    client = remote_client(url, timeout_s)
     info = client.info
     if info.get("tokenizer") != tokenizer_fingerprint(processor.tokenizer):
         raise ModelError(f"the cloud at {url} ({info.get('model')}) has another tokenizer than edge {edge!r}; "

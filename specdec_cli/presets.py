@@ -4,6 +4,7 @@ pair ships thresholds calibrated for its vocabulary), overridden by a `--presets
 
 from __future__ import annotations
 
+import difflib
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -17,6 +18,9 @@ PRESET_KEYS = ("threshold", "k", "uncertainty", "verify")
 # after the description. Any DecodingConfig knob flags also set could go here.
 EXTRA_KEYS = ("sample", "temperature", "top_p", "top_k", "seed", "instruction", "system")
 _KEYS = PRESET_KEYS + EXTRA_KEYS
+# What a preset's table (or a configs/*.toml file) may hold: a key outside it is a typo, refused
+# (a misspelled `treshold` silently ignored decodes with another threshold than the user wrote).
+ALLOWED_KEYS = ("description",) + _KEYS
 
 
 def configs_dir() -> Path:
@@ -36,11 +40,30 @@ class Preset:
     description: str = ""
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path, layered: bool = True) -> dict:
+    """The file's presets, every key checked. `layered`: a model folder's or --presets file (one
+    [name] table per preset); else a configs/*.toml file (one preset, its keys at the top)."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"cannot read presets file {path}: {exc}") from exc
+    if not layered:
+        _check_keys(data, path, "")
+        return data
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise InputError(f"presets file {path}: {name!r} is outside any preset; put it under the table of "
+                             f"the preset it sets, e.g. [quality]")
+        _check_keys(table, path, f" in [{name}]")
+    return data
+
+
+def _check_keys(table: dict, path: Path, where: str) -> None:
+    for key in table:
+        if key not in ALLOWED_KEYS:
+            near = difflib.get_close_matches(key, ALLOWED_KEYS, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"a preset takes {', '.join(ALLOWED_KEYS)}"
+            raise InputError(f"presets file {path}: unknown key {key!r}{where}; {hint}")
 
 
 def _shown(path: Path) -> str:
@@ -78,13 +101,11 @@ def load_presets(model_presets: PresetFiles = None) -> dict[str, Preset]:
     values it names."""
     presets: dict[str, Preset] = {}
     for path in sorted(configs_dir().glob("*.toml")):
-        data = _read(path)
+        data = _read(path, layered=False)
         presets[path.stem] = Preset(path.stem, {k: data[k] for k in _KEYS if k in data},
                                     f"configs/{path.name}", data.get("description", ""))
     for path in _files(model_presets):
         for name, table in _read(path).items():
-            if not isinstance(table, dict):
-                continue
             base = presets.get(name, Preset(name, {}, "", ""))
             values = {**base.values, **{k: table[k] for k in _KEYS if k in table}}
             presets[name] = Preset(name, values, _shown(path), table.get("description", base.description))

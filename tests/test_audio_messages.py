@@ -1,11 +1,6 @@
 """audio.py's refusals word for word (the one line a user reads), the formats hint and libsndfile's
 reason as the messages quote them, the silence threshold at its edges, the downmix against a
-hand-computed mean, and the length check after decoding for headers that under-report.
-
-Why the last one needs a stand-in: soundfile never reads more frames than the header states (an
-under-reporting header, e.g. a VBR MP3 without its Xing frame, measured here: header 15.4 s, true
-30 s, read 15.4 s), so with libsndfile the check cannot fire; it guards decoders that read to the
-end. It is exercised with soundfile.read returning more than the header said.
+hand-computed mean, and the length check after decoding for headers that do not say the length.
 """
 
 from __future__ import annotations
@@ -13,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import soundfile as sf
+from audio_files import flac_with_total
 from cli_helpers import SR, tone, write_clip
 
 from specdec_cli import audio
@@ -101,17 +97,12 @@ def test_stereo_is_the_mean_of_its_channels(tmp_path):
     np.testing.assert_allclose(load_audio(path, SR, MAX_S), 0.3 * x, atol=1e-7)
 
 
-def test_length_is_checked_again_after_decoding(tmp_path, monkeypatch):
-    """A header that under-reports: 2 s in the header, 31 s decoded."""
-    path = write_clip(tmp_path / "clip.wav", seconds=2.0)
-    real_read = sf.read
-
-    def read_more(*args, **kwargs):
-        data, rate = real_read(*args, **kwargs)
-        return np.concatenate([data] * 16), rate  # 32 s
-
-    monkeypatch.setattr(sf, "read", read_more)
-    assert refused(path) == (f"{path} is 32.0 s long; the model takes at most 30 s per clip: cut it into "
+def test_length_is_checked_again_after_decoding(tmp_path):
+    """A header that does not say the length (a FLAC written to a pipe): judged by what decodes."""
+    path = tmp_path / "clip.flac"
+    sf.write(str(path), tone(31, sr=1000), 1000, format="FLAC")
+    path.write_bytes(flac_with_total(path.read_bytes(), 0))
+    assert refused(path) == (f"{path} is over 30 s long; the model takes at most 30 s per clip: cut it into "
                              "shorter clips")
 
 
@@ -121,7 +112,7 @@ def test_a_read_failure_after_a_good_header(tmp_path, monkeypatch, hint):
     def fail(*args, **kwargs):
         raise RuntimeError("Error reading: Internal psf_fseek() failed.")
 
-    monkeypatch.setattr(sf, "read", fail)
+    monkeypatch.setattr(sf.SoundFile, "read", fail)
     assert refused(path) == f"cannot decode {path} as audio (Internal psf_fseek() failed); give a {hint} file"
 
 

@@ -9,6 +9,12 @@ after that only the tokens the server has not seen and the draft. It owns the se
 so a session the server lost (evicted, restarted) is rebuilt from the clip and the sequence and
 decoding goes on with the same output. Every byte, round trip and second spent waiting is counted
 here, at the client (`LinkStats`).
+
+The server is a machine the client does not control. Each request has a total deadline and each
+answer a size cap before it is read (exchange.py); each answer is checked against the request and
+the server's /health before the loop sees it (answers.py). A failure says which of three things
+happened: no connection (CloudUnreachable), no answer in time (CloudTimeout), or an answer specdec
+cannot use (CloudAnswerError); it fails that clip, and never becomes a description.
 """
 
 from __future__ import annotations
@@ -24,16 +30,19 @@ import msgspec
 import numpy as np
 import torch
 
+from .. import __version__
 from ..decoding.acceptance import Verdict, recovered_token, sampling_uniforms
 from ..decoding.config import DecodingConfig
 from ..decoding.drafter import Proposal
 from ..decoding.loop import DecodeResult, DecodeStats
 from ..decoding.processors import DecodingRules
 from ..errors import InputError, SpecdecError
-from . import wire
+from . import answers, wire
+from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, retry_after
 
 TOKEN_ENV = "SPECDEC_TOKEN"
 RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
+ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
 
 
 def check_url(url: str) -> str:
@@ -61,6 +70,14 @@ class CloudError(SpecdecError):
     """The server answered, but not with a result (full for too long, refused the request)."""
 
 
+class CloudTimeout(CloudError):
+    """The server took the connection but did not answer within the request's deadline."""
+
+
+class CloudAnswerError(CloudError):
+    """The server answered with something specdec cannot use: the clip fails, never decodes on."""
+
+
 @dataclass
 class LinkStats:
     """What crossed the link for one clip, counted at the client. Bytes are HTTP/1.1 as sent and
@@ -82,18 +99,17 @@ def _request_bytes(request: httpx.Request, body: bytes) -> int:
     return line + sum(len(k) + len(v) + 4 for k, v in request.headers.raw) + 2 + len(body)
 
 
-def _response_bytes(response: httpx.Response) -> int:
-    line = len(f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n")
-    return line + sum(len(k) + len(v) + 4 for k, v in response.headers.raw) + 2 + len(response.content)
-
-
 class RemoteClient:
     """A `specdec serve` server, for one run. `retry_s` bounds how long a request keeps trying
-    while the server is unreachable (a restart) or full (503); `link_delay_s` adds a round-trip
-    delay per request, for measuring a slower link on loopback (bench/remote.py)."""
+    while the server is unreachable (a restart) or full (503); `timeout_s` bounds each attempt in
+    all, connect to last byte (default: $SPECDEC_CLOUD_TIMEOUT, else 60 s); `link_delay_s` adds a
+    round-trip delay per request, for measuring a slower link on loopback (bench/remote.py).
+
+    Nothing a server sends is trusted: every answer is size-capped before it is read, decoded into
+    its type and checked (answers.py); one that fails is a CloudAnswerError for that clip."""
 
     def __init__(self, url: str, token: str | None = None, retry_s: float | None = None,
-                 link_delay_s: float = 0.0, timeout_s: float = 300.0) -> None:
+                 link_delay_s: float = 0.0, timeout_s: float | None = None) -> None:
         self.url = check_url(url)
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         if retry_s is None:
@@ -102,8 +118,9 @@ class RemoteClient:
             except ValueError:
                 raise InputError(f"{RETRY_ENV} must be a number of seconds") from None
         self.retry_s, self.link_delay_s = retry_s, link_delay_s
+        self.timeout_s = cloud_timeout(timeout_s)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self.exchange = Exchange(self.url, headers, self.timeout_s)
         self.info: dict[str, Any] = {}
         # After a request gave up on an unreachable server, the next ones try once and report at
         # once (a batch over a dead server must not wait retry_s per clip), until one gets through.
@@ -112,14 +129,14 @@ class RemoteClient:
     # -- identity ---------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """The server's /health (one quick try: at start-up a down server is an error at once)."""
-        try:
-            response = self.http.get("/health", timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise self._unreachable(exc) from None
-        self._raise_for(response)
-        self.info = response.json()
+        """The server's /health, checked (one quick try: at start-up a down server is an error at once)."""
+        body = self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP, retry_s=0.0)
+        self.info = self.check(answers.health, body)
         return self.info
+
+    @property
+    def vocab(self) -> int | None:
+        return self.info.get("vocab")
 
     @property
     def model_id(self) -> str:
@@ -130,64 +147,97 @@ class RemoteClient:
         return str(self.info.get("fingerprint", ""))
 
     def close(self) -> None:
-        self.http.close()
+        self.exchange.close()
 
     # -- requests ---------------------------------------------------------------------------------
 
     def call(self, method: str, path: str, message: msgspec.Struct | None, kind: type | None,
-             link: LinkStats) -> Any:
-        """One request, retried while the server is unreachable or full, within `retry_s`; every
-        attempt is counted in `link`. Returns the decoded answer (None when `kind` is None)."""
+             link: LinkStats, cap: int | None = None, retry_s: float | None = None) -> Any:
+        """One request, retried while the server is unreachable or full, within `retry_s` (default:
+        the client's); every
+        attempt is counted in `link`. Returns the decoded answer (None when `kind` is None, the
+        body when it is `bytes`); `cap`: the most bytes the answer's body may take (default: one
+        verdict with its probability row at the vocabulary /health reported)."""
         body = wire.encode(message) if message is not None else b""
-        deadline = time.monotonic() + (0.0 if self._down else self.retry_s)
+        cap = answers.answer_cap(self.vocab) if cap is None else cap
+        retry_s = self.retry_s if retry_s is None else retry_s
+        deadline = time.monotonic() + (0.0 if self._down else retry_s)
         pause = 0.1
         while True:
-            request = self.http.build_request(method, path, content=body or None,
-                                              headers={"Content-Type": wire.MSGPACK} if body else None)
+            request = self.exchange.request(method, path, body, {"Content-Type": wire.MSGPACK} if body else None)
             started = time.perf_counter()
             if self.link_delay_s:
                 time.sleep(self.link_delay_s)
+            answer: Answer | None = None
+            failure: httpx.TransportError | None = None
             try:
-                response = self.http.send(request)
-                failure: Exception | None = None
-            except httpx.TransportError as exc:  # refused, reset, timed out: the server may be restarting
-                response, failure = None, exc
-            link.cloud_wait_s += time.perf_counter() - started
-            link.round_trips += 1
-            link.uplink_bytes += _request_bytes(request, body)
-            if response is not None:
+                answer = self.exchange.send(request, cap)
+            except httpx.TransportError as exc:  # refused, reset, dropped: the server may be restarting
+                failure = exc
+            except TimeoutError:
+                raise CloudTimeout(f"the cloud at {self.url} did not answer within {self.timeout_s:g} s; check that "
+                                   f"it is a working `specdec serve`, or allow longer with --cloud-timeout SECONDS "
+                                   f"({TIMEOUT_ENV})") from None
+            except Unusable as exc:
+                raise self._unusable(exc) from None
+            finally:
+                link.cloud_wait_s += time.perf_counter() - started
+                link.round_trips += 1
+                link.uplink_bytes += _request_bytes(request, body)
+            if answer is not None:
                 self._down = False
-                link.downlink_bytes += _response_bytes(response)
-                if response.status_code != 503:
-                    self._raise_for(response)
-                    return msgspec.msgpack.decode(response.content, type=kind) if kind is not None else None
-                wait = min(float(response.headers.get("retry-after", "1") or 1), 5.0)
+                link.downlink_bytes += answer.wire_bytes
+                if answer.status != 503:
+                    self._raise_for(answer)
+                    if kind is None:
+                        return None
+                    if kind is bytes:
+                        return answer.body
+                    return self.check(answers.decode, answer.body, kind)
+                wait = retry_after(answer.headers.get("retry-after"))
             else:
                 wait = pause
                 pause = min(pause * 2, 2.0)
             if time.monotonic() + wait > deadline:
-                if response is None:
-                    self._down = True
-                    raise self._unreachable(failure)
-                raise CloudError(f"the cloud at {self.url} stayed full for {self.retry_s:g} s (503: "
-                                 f"{_error_text(response)}); retry later, or start it with a larger --max-sessions")
+                if answer is None:
+                    assert failure is not None
+                    raise self._failed(failure)
+                raise CloudError(f"the cloud at {self.url} stayed full for {retry_s:g} s (503: "
+                                 f"{_error_text(answer)}); retry later, or start it with a larger --max-sessions")
             time.sleep(wait)
 
-    def _raise_for(self, response: httpx.Response) -> None:
-        if response.status_code < 400:
+    def check(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` (one of answers.py's checks), its Unusable as this server's CloudAnswerError."""
+        try:
+            return fn(*args)
+        except Unusable as exc:
+            raise self._unusable(exc) from None
+
+    def _unusable(self, exc: Unusable) -> CloudAnswerError:
+        return CloudAnswerError(f"the cloud at {self.url} sent an answer specdec cannot use ({exc}); check that "
+                                f"--cloud names a `specdec serve` of specdec {__version__}")
+
+    def _raise_for(self, answer: Answer) -> None:
+        if answer.status < 400:
             return
-        text, code = _error_text(response), _error_code(response)
-        if response.status_code == 401:
+        text, code = _error_text(answer), _error_code(answer)
+        if answer.status == 401:
             raise InputError(f"the cloud at {self.url} refused the request ({text}); set {TOKEN_ENV} to a "
                              "token from its --token-file")
         if code in ("unknown_session", "out_of_sync"):
             raise SessionLost(text)
-        raise CloudError(f"the cloud at {self.url} answered {response.status_code}: {text}")
+        raise CloudError(f"the cloud at {self.url} answered {answer.status}: {text}")
 
-    def _unreachable(self, exc: BaseException | None) -> CloudUnreachable:
-        why = wire.first_line(exc) if exc is not None else "no answer"
-        return CloudUnreachable(f"cannot reach the cloud at {self.url} ({why}); start it with "
-                                "`specdec serve --cloud PATH_OR_ID` or check --cloud")
+    def _failed(self, exc: httpx.TransportError) -> SpecdecError:
+        """The last attempt's failure, once retrying is over: no connection made (unreachable,
+        exit 2), or one made and dropped before an answer."""
+        why = wire.first_line(exc)
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            self._down = True
+            return CloudUnreachable(f"cannot reach the cloud at {self.url} ({why}); start it with "
+                                    "`specdec serve --cloud PATH_OR_ID` or check --cloud")
+        return CloudError(f"the cloud at {self.url} dropped the connection without answering ({why}); "
+                          "check its log, or retry")
 
     # -- per clip ---------------------------------------------------------------------------------
 
@@ -201,7 +251,8 @@ class RemoteClient:
         link = LinkStats()
         clip = clip_message(audio, self.info["rate"], inputs)
         answer = self.call("POST", "/v1/generate", wire.GenerateRequest(clip, config_dict(cfg), pad_id),
-                           wire.GenerateResponse, link)
+                           wire.GenerateResponse, link, cap=answers.generate_cap(cfg.max_new_tokens))
+        self.check(answers.generated, answer, self.info["vocab"], cfg.max_new_tokens)
         stats = DecodeStats(tokens=len(answer.tokens))
         for name, value in answer.stats.items():
             if name in ("cloud_calls", "cloud_tokens", "cloud_prefill_tokens", "cloud_work_forwards"):
@@ -262,9 +313,9 @@ class RemoteCloud:
             p_draft = [float(proposal.draft_probs[j, t]) for j, t in enumerate(draft)]
             sampling = wire.Sampling(p_draft, u, u_last)
         for _ in range(self.MAX_REBUILDS + 1):
+            request = self._request(sequence, draft, sampling)
             try:
-                answer = self.client.call("POST", "/v1/verify", self._request(sequence, draft, sampling),
-                                          wire.VerifyResponse, self.link)
+                answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link)
                 break
             except SessionLost:
                 # Evicted, expired or the server restarted: open it again from what we hold.
@@ -273,6 +324,10 @@ class RemoteCloud:
         else:
             raise CloudError(f"the cloud at {self.client.url} lost this clip's session {self.MAX_REBUILDS + 1} "
                              "times in a row; is it restarting in a loop?")
+        vocab = int(self.client.info["vocab"])
+        self.client.check(answers.verdict, answer, request, len(sequence), len(self.prompt_ids), vocab)
+        target_row = None if answer.target_row is None else self.client.check(answers.target_row,
+                                                                                 answer.target_row, vocab)
         # A verdict that ends the clip closed the session on the server: nothing left to close.
         self.session, self.held = (None if answer.ended else answer.session), answer.held
         self.prefill_tokens += answer.prefilled
@@ -280,10 +335,9 @@ class RemoteCloud:
         self.forwards += answer.forwards
         self.all_forwards += answer.all_forwards
         token = answer.token
-        if answer.target_row is not None:
+        if target_row is not None:
             # Rejected while sampling: the residual needs the drafter's row, which is here.
-            target = torch.from_numpy(wire.dense_row(answer.target_row))
-            token = recovered_token(target, proposal.draft_probs[answer.accepted], u_last)
+            token = recovered_token(torch.from_numpy(target_row), proposal.draft_probs[answer.accepted], u_last)
         return Verdict(answer.accepted, token, answer.kind), answer.fed
 
     def _request(self, sequence: list[int], draft: list[int], sampling: wire.Sampling | None) -> wire.VerifyRequest:
@@ -312,15 +366,20 @@ class RemoteCloud:
             pass  # the server's TTL ends it; the description is already complete
 
 
-def _error_text(response: httpx.Response) -> str:
+def _error_body(answer: Answer) -> dict[str, Any]:
     try:
-        return str(response.json().get("error", response.reason_phrase))
-    except (ValueError, AttributeError):
-        return response.reason_phrase
+        body = msgspec.json.decode(answer.body)
+    except msgspec.DecodeError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
-def _error_code(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("code", ""))
-    except (ValueError, AttributeError):
-        return ""
+def _error_text(answer: Answer) -> str:
+    """The server's one-line error (cut short; its control characters are escaped where every
+    message is, errors.SpecdecError), else the status's reason."""
+    text = str(_error_body(answer).get("error", answer.reason) or answer.reason)
+    return text if len(text) <= ERROR_TEXT_CHARS else text[:ERROR_TEXT_CHARS] + "…"
+
+
+def _error_code(answer: Answer) -> str:
+    return str(_error_body(answer).get("code", ""))[:64]
