@@ -237,15 +237,22 @@ class ModelFreeSession:
     def __init__(self, poison: str, deaths: Path) -> None:
         self.poison, self.deaths = poison, deaths
 
-    def describe_file(self, path: Path, data: bytes | None = None) -> dict:
-        if path.name == self.poison:
-            with open(self.deaths, "a") as f:
-                f.write(f"{os.getpid()}\n")
-            os.kill(os.getpid(), signal.SIGKILL)
-        return {"file": str(path), "description": f"{len(data or b'')} bytes", "error": None}
+    def rows(self, batch_size: int) -> int:
+        return 1
 
-    def error_record(self, path: Path, message: str) -> dict:
-        return {"file": str(path), "description": None, "error": message}
+    def describe(self, files: list[str], read, batch_size: int) -> list[tuple[str, dict]]:
+        records = []
+        for file in files:
+            path = Path(file)
+            if path.name == self.poison:
+                with open(self.deaths, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+            records.append((file, {"file": file, "description": f"{len(read(path))} bytes", "error": None}))
+        return records
+
+    def error_record(self, file: str, message: str) -> dict:
+        return {"file": file, "description": None, "error": message}
 
 
 def test_a_clip_that_kills_every_worker_is_recorded_failed_once(local_ray, tmp_path):
