@@ -180,3 +180,17 @@ def test_commands_that_load_models_share_their_options_word_for_word():
         helps[name] = {s: (params[s].opts, params[s].secondary_opts, params[s].help) for s in shared}
     assert helps["batch"] == helps["describe"] == helps["eval"] == helps["calibrate"]
     assert "http://HOST:PORT" in helps["eval"]["cloud"][2]
+
+
+def test_describe_goes_on_past_a_failed_clip_and_exits_1(clips, tmp_path):
+    """Several clips: one that fails gets its line on stderr (and its error record with --json),
+    the others are described; exit 1 says not all went well."""
+    silent = write_clip(tmp_path / "silent.wav", amplitude=0.0)
+    good = str(clips / "c0.wav")
+    done = specdec("describe", good, str(silent), "--json", *FAST)
+    assert done.returncode == 1
+    first, second = (json.loads(line) for line in done.stdout.splitlines())
+    assert first["file"] == good and first["error"] is None
+    assert second["file"] == str(silent) and "silent" in second["error"] and second["description"] is None
+    assert f"error: {silent} is silent" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "error: 1 of 2 clips failed (each said why above)"

@@ -96,7 +96,8 @@ def describe(
             if len(clips) == 1:
                 raise  # one clip: its error is the command's (message and exit code)
             failed += 1
-            err.print(f"error: {clip}: {one_line(exc)}", markup=False, soft_wrap=True)
+            message = one_line(exc)  # names the clip when the library's message does not
+            err.print(f"error: {message if clip in message else f'{clip}: {message}'}", markup=False, soft_wrap=True)
             if json_out:
                 _print(dumps_record(pair.error_record(clip, run, one_line(exc))))
             continue
