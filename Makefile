@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine with Python >= 3.11:
-#   make demo   install, then describe a bundled sample with the bundled demo pair
-#   make test   install, then run the test suite
+#   make demo   install what describing needs, then describe a bundled sample with the demo pair
+#   make test   install that and the developer's tools, then run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,16 +9,29 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install speech demo test lint bench presets mutate clean
+.PHONY: install dev speech demo test lint bench presets mutate clean
 
 install: $(VENV)/.installed
 
 # torch is pinned to the CPU wheel (a bare `torch` pulls several GB of CUDA packages).
+# editable_mode=compat: the checkout goes on sys.path as a path entry. setuptools' default editable
+# install finds `specdec` through a finder placed after the path search, so a folder named `specdec`
+# in the current directory (a clone of this repository) shadowed the package as a namespace package
+# (tests/test_layers.py checks it).
+PIP_EDITABLE := $(BIN)/python -m pip install -q --config-settings editable_mode=compat -e
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(PIP_EDITABLE) .
+	touch $@
+
+# The test suite's and the developer's tools ([test] and [dev] in pyproject.toml), on top.
+dev: $(VENV)/.installed-dev
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP_EDITABLE) '.[dev]'
 	touch $@
 
 demo: install
@@ -30,13 +43,14 @@ speech:
 	@command -v espeak-ng >/dev/null || ! command -v apt-get >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; }
 
-test: install speech
+test: dev speech
 	$(BIN)/python -m pytest
 
-lint: install
+lint: dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
-bench: install
+bench: dev
 	$(BIN)/python bench/run.py --json
 
 # The demo pair's shipped presets, calibrated on 96 held-out demo clips, 48 to choose and 48 to check
@@ -50,12 +64,12 @@ presets:  # after `make install`
 		--out specdec_cli/demo/models/edge/specdec_presets.toml
 	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
-# Mutation testing (README "Tests"): mutmut over batch.py, writer_lock.py, audio.py and
+# Mutation testing (README "Tests"): mutmut over results.py, writer_lock.py, audio.py and
 # decoding/{acceptance,state}.py against their own tests ([tool.mutmut] in pyproject.toml), from
 # scratch, niced, MUTATE_JOBS workers (default 1: the machine is shared). Not part of `make test`.
 # Prints the mutants that were not killed, then the counts.
 MUTATE_JOBS ?= 1
-mutate: install
+mutate: dev
 	rm -rf mutants && mkdir mutants
 	@date -u +"mutate: start %H:%M:%S"
 	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants/run.log 2>&1; status=$$?; \

@@ -8,7 +8,7 @@ The bundled samples are copied into a temporary folder under distinct names unti
 --clips of them (the demo pair, default preset).
 
 `runs` (in this process, `rounds` times, the configurations interleaved so a load spike from the
-machine's other users hits all alike): the single-process batch (cli.Session + batch.run_batch, as
+machine's other users hits all alike): the single-process batch (Pair.describe_many + results.run_batch, as
 `specdec batch` runs it) one clip at a time (`single`) and with --batch-size rows in flight
 (`single_b8`); then the Ray batch with each --workers count, one clip at a time per worker
 (`ray_2`) and with rows in flight in each worker (`ray_2_b8`), on one local Ray started once (its
@@ -54,19 +54,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/ray_batch.py` from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from rich.console import Console  # noqa: E402
-
-from specdec_cli.batch import ResultsFile, read_records, run_batch  # noqa: E402
-from specdec_cli.batched import batched_describe_all  # noqa: E402
-from specdec_cli.cli import (  # noqa: E402
-    DEFAULT_BATCH_SIZE,
-    Session,
-    _flags,
-    _quiet_libraries,
-    run_settings,
-    worker_session,
-)
+from specdec_cli.commands.batch import DEFAULT_BATCH_SIZE  # noqa: E402
+from specdec_cli.pair import BatchWorker, Pair  # noqa: E402
+from specdec_cli.results import ResultsFile, read_records, run_batch  # noqa: E402
 from specdec_cli.scale import ray_batch  # noqa: E402
+from specdec_cli.settings import PairSpec  # noqa: E402
 
 TIMING = {"latency_s", "tokens_per_s"}
 
@@ -179,22 +171,17 @@ def main() -> None:
 
     import ray
 
-    flags = _flags("fluent", None, None, "cpu", "float32", None)
-    resolved = run_settings(flags)
-    settings = resolved[2]
-    _quiet_libraries()
-    Session(flags, Console(stderr=True), resolved)  # untimed: this process's imports and first load
+    spec = PairSpec.of()
+    resolved = spec.settings("fluent")
+    settings = resolved.run
+    Pair.from_spec(spec)  # untimed: this process's imports and first load
 
     def single(batch_size: int, loaded: Callable[[int], None]):
         def describe_all(todo: list[Path]):
-            session = Session(flags, Console(stderr=True), resolved)
+            pair = Pair.from_spec(spec)
             loaded(os.getpid())
-            rows = batched_describe_all(session, batch_size)
-            if rows is not None:
-                yield from rows(todo)
-                return
-            for path in todo:
-                yield path, session.describe_file(path)
+            for path, result in pair.describe_many(todo, resolved, batch_size):
+                yield path, result.record
 
         return describe_all
 
@@ -205,7 +192,7 @@ def main() -> None:
                 loaded(event.pid)
 
         return ray_batch.describe_all(ray_batch.RayOptions("auto", workers=workers),
-                                      partial(worker_session, flags, resolved, None), batch_size, on_event)
+                                      partial(BatchWorker, spec, resolved, None), batch_size, on_event)
 
     def name(kind: str, batch_size: int) -> str:
         return kind + (f"_b{batch_size}" if batch_size > 1 else "")

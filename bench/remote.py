@@ -25,16 +25,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from remote_helpers import Server  # noqa: E402
 
 from specdec_cli.audio import load_audio  # noqa: E402
 from specdec_cli.decoding import DecodingConfig  # noqa: E402
-from specdec_cli.metrics import modelled_latency  # noqa: E402
+from specdec_cli.describe import Describer  # noqa: E402
 from specdec_cli.models import load_pair  # noqa: E402
-from specdec_cli.pipeline import Describer  # noqa: E402
 from specdec_cli.presets import resolve  # noqa: E402
+from specdec_cli.records import modelled_latency  # noqa: E402
+from specdec_cli.remote.local_server import LocalServer as Server  # noqa: E402
 
 PRESETS = REPO / "specdec_cli/demo/models/edge/specdec_presets.toml"
 

@@ -7,12 +7,14 @@ explicit settings, and watch the blocks as they are decided.
     result = pair.describe("clip.wav", preset="quality")
     print(result.description, result.cloud_calls)   # every field of `specdec describe --json`
 
-The command line (`specdec_cli`) and this API share one implementation: the same loader, presets,
-decoding pipeline and record.
+`Pair` is the library's service layer itself (specdec_cli/pair.py): the command line is built on
+it, not the other way round, and importing specdec does not import the command line.
 """
 
 from specdec_cli import __version__
+from specdec_cli.errors import InputError, ModelError, SpecdecError
+from specdec_cli.pair import LowSampleRate, Pair, Result, Stream
+from specdec_cli.settings import Settings
 
-from .api import Pair, Result, Stream
-
-__all__ = ["Pair", "Result", "Stream", "__version__"]
+__all__ = ["InputError", "LowSampleRate", "ModelError", "Pair", "Result", "Settings", "SpecdecError", "Stream",
+           "__version__"]

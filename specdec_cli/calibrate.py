@@ -1,4 +1,4 @@
-"""`specdec calibrate DIR --out presets.toml`: find the thresholds that mean "quality" and "fluent"
+"""Calibration (`specdec calibrate DIR --out presets.toml`): find the thresholds that mean "quality" and "fluent"
 for any edge/cloud pair, on the user's own clips, in one process.
 
 What it runs, on every clip: cloud-only, edge-only, and a threshold × k sweep of the speculative
@@ -30,21 +30,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
-from rich import box
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
 from .decoding.config import DecodingConfig
-from .errors import InputError
+from .errors import InputError, SpecdecError, one_line
 from .phrases import ATTRIBUTES, predict
 
 if TYPE_CHECKING:
-    from .pipeline import Description
+    from .describe import Description
+    from .pair import Pair
 
 PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles refines it
 
@@ -122,7 +117,7 @@ def pick(candidates: Sequence[tuple[Run, Score]], target: float) -> tuple[Run, S
 
 # -- the presets file ------------------------------------------------------------------------------
 
-def _toml_float(x: float) -> str:
+def toml_float(x: float) -> str:
     return "inf" if math.isinf(x) else repr(float(x))
 
 
@@ -148,25 +143,26 @@ def presets_toml(choices: Sequence[Choice], header: Sequence[str], baselines: di
         how = "cheapest" if c.met else "none reached the target: best quality"
         lines += ["", f"[{c.name}]",
                   f'description = "{how} within {c.points:g} point(s) of cloud-only (specdec calibrate)"',
-                  f"threshold = {_toml_float(cfg.threshold)}", f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
+                  f"threshold = {toml_float(cfg.threshold)}", f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
                   f'verify = "{cfg.verify}"',
                   f"# calibration half: quality {c.calib.quality:.1f}, cloud calls per token {c.calib.call_rate:.3f}",
                   f"# check half:       quality {c.check.quality:.1f}, cloud calls per token {c.check.call_rate:.3f}"]
     return "\n".join(lines) + "\n"
 
 
-# -- the command -----------------------------------------------------------------------------------
+# -- the inputs ------------------------------------------------------------------------------------
 
-def _clips(directory: Path, labels: Path | None) -> tuple[list[str], list[Path], list[dict[str, str]] | None]:
+def clips_for(directory: Path, labels: Path | None) -> tuple[list[str], list[Path], list[dict[str, str]] | None]:
+    """The clips to calibrate on (names relative to `directory`, paths) and their labels (None
+    without a labels file: then every audio file of `directory`)."""
     if labels is not None:
         from .evaluate import read_labels
 
         clips = read_labels(labels, directory)
         return [c.file for c in clips], [c.path for c in clips], [c.labels for c in clips]
-    from .audio import audio_suffixes
-    from .batch import find_audio
+    from .results import find_audio
 
-    paths = find_audio(directory, audio_suffixes())
+    paths = find_audio(directory).files
     return [str(p.relative_to(directory)) for p in paths], paths, None
 
 
@@ -178,19 +174,45 @@ def _comma_list(text: str, option: str, convert: Callable[[str], float], what: s
         raise InputError(f"bad {option} {text!r}; give {what} as a comma list, e.g. {example}") from None
 
 
-def _parse_ks(text: str) -> list[int]:
+def parse_ks(text: str) -> list[int]:
     ks = _comma_list(text, "--ks", int, "block lengths", "4,6")
     if not ks or ks[0] < 1:
         raise InputError(f"bad --ks {text!r}; block lengths are integers >= 1")
     return ks
 
 
-def _parse_percentiles(text: str) -> list[float]:
+def parse_percentiles(text: str) -> list[float]:
     ps = _comma_list(text, "--percentiles", float, "numbers between 0 and 100", "10,25,50,75,90")
     if not ps or ps[0] <= 0 or ps[-1] >= 100:
         raise InputError(f"bad --percentiles {text!r}; each must lie strictly between 0 and 100 "
                          "(0 and inf are always in the sweep)")
     return ps
+
+
+# -- the calibration -------------------------------------------------------------------------------
+
+class Progress(Protocol):
+    """What calibrate reports while it runs (the command draws it)."""
+
+    def total(self, clips: int) -> None: ...    # decodes planned so far (it shrinks once thresholds are known)
+
+    def running(self, name: str) -> None: ...   # a setting starts over every clip
+
+    def advance(self) -> None: ...              # one clip of it is done
+
+
+@dataclass
+class Calibration:
+    """What `calibrate` found: every setting run, its scores on both halves, the two choices, and
+    the presets file's text."""
+
+    runs: list[Run]
+    scored: dict[str, tuple[Score, Score]]
+    choices: list[Choice]
+    measure: str
+    toml: str
+    n_calib: int
+    n_check: int
 
 
 def _record(out: Description, run: Run) -> None:
@@ -200,106 +222,70 @@ def _record(out: Description, run: Run) -> None:
     run.uncertainties.append([e.uncertainty for e in out.result.events])
 
 
-def calibrate_command(
-    directory: Annotated[Path, typer.Argument(help="Folder of clips to calibrate on.", metavar="DIR",
-                                              show_default=False)],
-    out: Annotated[Path, typer.Option(help="Write the presets here (TOML); use it with --presets.",
-                                      show_default=False)],
-    labels: Annotated[Path | None, typer.Option(
-        help="labels.jsonl (as for eval): score by attribute accuracy. Without it, quality is agreement "
-             "with cloud-only's output on the same clips.", show_default=False)] = None,
-    quality_points: Annotated[float, typer.Option(
-        min=0, help="quality = the cheapest setting within this many points of cloud-only.")] = 1.0,
-    fluent_points: Annotated[float, typer.Option(
-        min=0, help="fluent = the cheapest setting within this many points of cloud-only.")] = 3.0,
-    ks: Annotated[str, typer.Option("--ks", help="Block lengths to sweep (comma list).")] = "4,6",
-    percentiles: Annotated[str, typer.Option(
-        help="Thresholds to sweep per k, as percentiles of the edge's block uncertainties (comma list; "
-             "0 and inf are always added). More points find cheaper settings at more decodes.")
-    ] = ",".join(map(str, PERCENTILES)),
-    uncertainty: Annotated[str, typer.Option(help="Block uncertainty: sum, max or mean.")] = "sum",
-    limit: Annotated[int | None, typer.Option(min=2, help="Only the first N clips.", show_default=False)] = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per description.")] = 64,
-    edge: Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
-                                             show_default=False)] = None,
-    cloud: Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id (default: bundled demo cloud).",
-                                              show_default=False)] = None,
-    device: Annotated[str, typer.Option(help="Torch device for both models.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.")] = "float32",
-    batch_size: Annotated[int, typer.Option(
-        "--batch-size", min=1, help="Clips decoded together by the speculative runs (the same tokens as one at a "
-        "time; see `specdec batch --batch-size`).")] = 8,
-) -> None:
-    """Calibrate the quality and fluent presets for a pair on your clips: cloud-only, edge-only and
-    a threshold × k sweep, chosen on one half of the clips and checked on the other."""
-    err = Console(stderr=True, highlight=False)
-    # Every cheap check before any model loads.
-    k_values = _parse_ks(ks)
-    grid_ps = _parse_percentiles(percentiles)
-    if uncertainty not in ("sum", "max", "mean"):
-        raise InputError(f"bad --uncertainty {uncertainty!r}; use sum, max or mean")
-    if out.suffix == ".md" or out.is_dir():
-        raise InputError(f"--out {out} must be a .toml file path")
-    from .models import parse_dtype
+def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: Sequence[dict[str, str]] | None, *,
+              directory: Path, ks: Sequence[int], percentiles: Sequence[float], uncertainty: str = "sum",
+              max_new_tokens: int = 64, batch_size: int = 8, settings: dict[str, Any] | None = None,
+              quality_points: float = 1.0,
+              fluent_points: float = 3.0, progress: Progress | None = None) -> Calibration:
+    """Run cloud-only, edge-only and the threshold x k sweep over the clips, pick the presets on the
+    calibration half and score them on the check half (see the module doc). `settings`: explicit
+    decoding settings every run shares (sampling, the prompt). A clip that fails stops the
+    calibration (its presets would be chosen on holes), naming the clip."""
+    from .describe import describe_many
+    from .evaluate import warm_up
 
-    parse_dtype(dtype)
-    names, paths, clip_labels = _clips(directory, labels)
-    names, paths = names[:limit], paths[:limit]
     if len(paths) < 2:
         raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has {len(paths)}")
     calib = list(range(0, len(paths), 2))
     check = list(range(1, len(paths), 2))
+    audios = [pair.read(p)[1] for p in paths]
+    warm_up(pair.describer, audios[0])
 
-    from .audio import load_audio
-    from .batched import describe_many
-    from .evaluate import warm_up
-    from .models import load_pair, one_thread_if_tiny
-    from .pipeline import Describer
-
-    with err.status("loading models…") if err.is_terminal else _null():
-        pair = load_pair(edge, cloud, device, dtype)
-    one_thread_if_tiny(pair)
-    describer = Describer(pair)
-    proc = pair.processor
-    audios = [load_audio(p, proc.sampling_rate, proc.max_seconds) for p in paths]
-    warm_up(describer, audios[0])
-
-    base = DecodingConfig(max_new_tokens=max_new_tokens, uncertainty=uncertainty)  # type: ignore[arg-type]
+    base = DecodingConfig(max_new_tokens=max_new_tokens, uncertainty=uncertainty).with_(**(settings or {}))  # type: ignore[arg-type]
     start = time.perf_counter()
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
     runs: list[Run] = []
-    with progress:
-        # The total grows once the thresholds are known; this first estimate counts the fixed runs.
-        total = len(paths) * (2 + len(k_values) * (len(grid_ps) + 2))
-        task = progress.add_task("calibrating", total=total)
+    total = len(paths) * (2 + len(ks) * (len(percentiles) + 2))  # grows exact once the thresholds are known
+    if progress is not None:
+        progress.total(total)
 
-        def run_all(run: Run) -> Run:
-            progress.update(task, description=f"{run.name:>14}")
-            # Speculative runs decode `batch_size` clips at a time (batched.describe_many keeps their order).
-            for out in describe_many(describer, audios, run.cfg, batch_size, lambda _i: progress.advance(task)):
-                _record(out, run)
-            runs.append(run)
-            return run
+    def run_all(run: Run) -> Run:
+        if progress is not None:
+            progress.running(run.name)
+        # Speculative runs decode `batch_size` clips at a time; the outcomes come back in any order.
+        outs: dict[int, Description] = {}
+        for outcome in describe_many(pair.describer, ((i, (lambda a=a: a)) for i, a in enumerate(audios)),
+                                     run.cfg, batch_size):
+            if outcome.description is None:
+                raise SpecdecError(f"{run.name} failed on {names[outcome.key]}: "
+                                   f"{one_line(outcome.error or RuntimeError('no result'))}")
+            outs[outcome.key] = outcome.description
+            if progress is not None:
+                progress.advance()
+        for i in range(len(audios)):
+            _record(outs[i], run)
+        runs.append(run)
+        return run
 
-        cloud_run = run_all(Run("cloud-only", base.with_(mode="cloud")))
-        edge_run = run_all(Run("edge-only", base.with_(mode="edge")))
-        sweep: list[Run] = []
-        for k in k_values:
-            never = run_all(Run(f"k={k} t=inf", base.with_(k=k, threshold=math.inf)))
-            sweep.append(never)
-            grid = thresholds_for([u for i in calib for u in never.uncertainties[i]], grid_ps)
-            progress.update(task, total=progress.tasks[0].total - (len(grid_ps) + 2 - len(grid)) * len(paths))
-            for t in grid:
-                if not math.isinf(t):
-                    sweep.append(run_all(Run(f"k={k} t={t:g}", base.with_(k=k, threshold=t))))
+    cloud_run = run_all(Run("cloud-only", base.with_(mode="cloud")))
+    edge_run = run_all(Run("edge-only", base.with_(mode="edge")))
+    sweep: list[Run] = []
+    for k in ks:
+        never = run_all(Run(f"k={k} t=inf", base.with_(k=k, threshold=math.inf)))
+        sweep.append(never)
+        grid = thresholds_for([u for i in calib for u in never.uncertainties[i]], percentiles)
+        total -= (len(percentiles) + 2 - len(grid)) * len(paths)
+        if progress is not None:
+            progress.total(total)
+        for t in grid:
+            if not math.isinf(t):
+                sweep.append(run_all(Run(f"k={k} t={t:g}", base.with_(k=k, threshold=t))))
     seconds = time.perf_counter() - start
 
     # Scoring: labels if given, else agreement with cloud-only's sentence for the same clip.
     used: set[str] = set()
-    if clip_labels is not None:
+    if labels is not None:
         def quality_of(i: int, text: str) -> float:
-            return label_accuracy(text, clip_labels[i])
+            return label_accuracy(text, labels[i])
         measure = "mean attribute accuracy against the labels (canonical phrases)"
     else:
         def quality_of(i: int, text: str) -> float:
@@ -309,7 +295,7 @@ def calibrate_command(
         measure = ""  # filled in below, once we know which agreement the clips needed
 
     scored = {r.name: (score_run(r, calib, quality_of), score_run(r, check, quality_of)) for r in runs}
-    if clip_labels is None:
+    if labels is None:
         kinds = {"phrases": "per-attribute agreement with cloud-only's canonical phrases",
                  "chars": "character similarity (difflib) to cloud-only's sentence"}
         measure = "; ".join(kinds[u] for u in sorted(used, reverse=True)) or kinds["chars"]
@@ -321,26 +307,15 @@ def calibrate_command(
         choices.append(Choice(name, points, r, s, scored[r.name][1], met))
 
     header = [f"Presets written by `specdec calibrate` (specdec {__version__}, {time.strftime('%Y-%m-%d')}).",
-              f"edge: {_shown(pair.edge_id)}", f"cloud: {_shown(pair.cloud_id)}",
+              f"edge: {_shown(pair.models.edge_id)}", f"cloud: {_shown(pair.models.cloud_id)}",
               f"clips: {len(paths)} from {directory} ({len(calib)} calibration: 1st, 3rd, ...; "
               f"{len(check)} check: 2nd, 4th, ...)",
               f"quality measure: {measure}",
-              f"sweep: k in {k_values}, thresholds = 0, the edge's block-uncertainty percentiles "
-              f"[{', '.join(f'{p:g}' for p in grid_ps)}] ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
+              f"sweep: k in {list(ks)}, thresholds = 0, the edge's block-uncertainty percentiles "
+              f"[{', '.join(f'{p:g}' for p in percentiles)}] ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
               f"chosen on the calibration half; {len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
     text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc
-
-    err.print(results_table(runs, scored, choices, len(calib), len(check)))
-    err.print(f"quality measure: {measure}", markup=False)
-    for c in choices:
-        note = "" if c.met else f" (nothing reached within {c.points:g} points: best quality chosen)"
-        err.print(f"{c.name}: k {c.run.cfg.k}, threshold {_toml_float(c.run.cfg.threshold)}{note}", markup=False)
-    err.print(f"presets: {out} · use with --presets {out}", markup=False)
+    return Calibration(runs, scored, choices, measure, text, len(calib), len(check))
 
 
 def _shown(model: str) -> str:
@@ -348,30 +323,3 @@ def _shown(model: str) -> str:
     from .presets import _shown as shown_path
 
     return shown_path(Path(model)) if Path(model).is_dir() else model
-
-
-def _null():
-    from contextlib import nullcontext
-
-    return nullcontext()
-
-
-def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],
-                  n_calib: int, n_check: int) -> Table:
-    chosen: dict[str, str] = {}
-    for c in choices:  # one setting may be both presets ("both": keeps the table within 80 columns)
-        chosen[c.run.name] = "both" if c.run.name in chosen else c.name
-    table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
-        table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True)
-
-    def order(r: Run) -> tuple:
-        return (r.cfg.mode == "spec", r.cfg.k, r.cfg.threshold)
-
-    for r in sorted(runs, key=order):
-        cal, chk = scored[r.name]
-        setting = f"k {r.cfg.k} · t {_toml_float(r.cfg.threshold)}" if r.cfg.mode == "spec" else r.name
-        table.add_row(setting, f"{cal.call_rate:.3f}", f"{cal.quality:.1f}", f"{chk.call_rate:.3f}",
-                      f"{chk.quality:.1f}", chosen.get(r.name, ""), style="bold" if r.name in chosen else None)
-    return table

@@ -4,7 +4,7 @@ aggregate accuracy and cost per mode, and write the report (JSON + Markdown).
 Layers: `score` and `sentence_valid` judge one text; `summarize` turns per-clip records into one
 row per mode; `run_eval` drives the models (through `Describer`, so every mode is measured the way
 `describe` and `batch` measure it); `build_report` / `write_report` produce the files. Nothing here
-prints: the command (eval_command.py) owns the terminal.
+prints: the command (commands/eval.py) owns the terminal.
 """
 
 from __future__ import annotations
@@ -18,17 +18,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .audio import load_audio
 from .decoding.config import DecodingConfig
+from .describe import Describer, describe_many
 from .errors import InputError, one_line
-from .metrics import build_record, immediate_repeats, json_safe, modelled_latency
+from .metrics import immediate_repeats
 from .phrases import ATTRIBUTES, predict
 from .presets import PresetFiles, resolve
+from .records import build_record, modelled_latency
+from .strict_json import json_safe
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .pipeline import Describer, Description
+    from .describe import Description, Outcome
+    from .pair import Pair
 
 SENTENCE_ENDS = "。！？"
 MODE_NAMES = ("edge", "cloud", "fluent", "quality", "always")
@@ -137,19 +140,23 @@ def parse_sweep(text: str) -> list[float]:
     return list(dict.fromkeys(round(float(t), 6) for t in np.linspace(start, stop, count)))
 
 
-def _preset_cfg(name: str, presets_file: PresetFiles, base: DecodingConfig, k: int | None) -> DecodingConfig:
+def _preset_cfg(name: str, presets_file: PresetFiles, base: DecodingConfig, k: int | None,
+                settings: dict[str, Any]) -> DecodingConfig:
+    """The preset over `base`, then the explicit settings over the preset (as `describe` layers them)."""
     values = dict(resolve(name, presets_file).values)
     if k is not None:
         values["k"] = k
-    return base.with_(mode="spec", **values)
+    return base.with_(mode="spec", **values).with_(**settings)
 
 
 def mode_configs(names: Sequence[str], presets_file: PresetFiles, max_new_tokens: int,
-                 k: int | None = None, thresholds: Sequence[float] = ()) -> list[EvalMode]:
+                 k: int | None = None, thresholds: Sequence[float] = (),
+                 settings: dict[str, Any] | None = None) -> list[EvalMode]:
     """The configs behind each mode name, plus one spec mode per sweep threshold. `always` and the
     sweep take the quality preset's k and uncertainty (the sweep varies only the threshold); `k`
     overrides the block length of every spec mode."""
-    base = DecodingConfig(max_new_tokens=max_new_tokens)
+    settings = settings or {}
+    base = DecodingConfig(max_new_tokens=max_new_tokens).with_(**settings)
     if k is not None and k < 1:
         raise InputError(f"--k must be at least 1, got {k}")
     modes: list[EvalMode] = []
@@ -157,13 +164,13 @@ def mode_configs(names: Sequence[str], presets_file: PresetFiles, max_new_tokens
         if name in ("edge", "cloud"):
             modes.append(EvalMode(name, base.with_(mode=name)))
         elif name in ("fluent", "quality"):
-            modes.append(EvalMode(name, _preset_cfg(name, presets_file, base, k), name))
+            modes.append(EvalMode(name, _preset_cfg(name, presets_file, base, k, settings), name))
         elif name == "always":
-            modes.append(EvalMode(name, _preset_cfg("quality", presets_file, base, k).with_(verify="always"), "quality"))
+            modes.append(EvalMode(name, _preset_cfg("quality", presets_file, base, k, settings).with_(verify="always"), "quality"))
         else:
             raise InputError(f"unknown mode {name!r}; choose from {','.join(MODE_NAMES)}")
     if thresholds:
-        quality = _preset_cfg("quality", presets_file, base, k).with_(verify="entropy")
+        quality = _preset_cfg("quality", presets_file, base, k, settings).with_(verify="entropy")
         modes += [EvalMode(f"t={t}", quality.with_(threshold=t), "quality", sweep=True) for t in thresholds]
     return modes
 
@@ -172,14 +179,16 @@ def mode_configs(names: Sequence[str], presets_file: PresetFiles, max_new_tokens
 
 def evaluate_clip(describer: Describer, clip: LabelledClip, audio: np.ndarray, mode: EvalMode,
                   rtt_ms: float = 0.0) -> dict[str, Any]:
-    """Describe one clip in one mode and score it: a result record (metrics.build_record) with the
-    scores and the modelled latency added. A decoding failure becomes the record's `error` (scored
-    as all wrong) rather than aborting an evaluation that may have run for an hour."""
-    try:
-        out = describer.run(audio, mode.cfg)
-    except Exception as exc:  # any engine failure is reported per clip, like batch does
-        return failed_record(clip, mode, one_line(exc))
-    return scored_record(clip, out, mode, rtt_ms)
+    """Describe one clip in one mode and score it (see `run_eval`, which does this for many)."""
+    [outcome] = describe_many(describer, [(0, lambda: audio)], mode.cfg)
+    return outcome_record(clip, outcome, mode, rtt_ms)
+
+
+def outcome_record(clip: LabelledClip, outcome: Outcome, mode: EvalMode, rtt_ms: float = 0.0) -> dict[str, Any]:
+    """A clip's scored record, or its failed record (scored as all wrong) when it failed."""
+    if outcome.description is None:
+        return failed_record(clip, mode, one_line(outcome.error or RuntimeError("no result")))
+    return scored_record(clip, outcome.description, mode, rtt_ms)
 
 
 def failed_record(clip: LabelledClip, mode: EvalMode, error: str) -> dict[str, Any]:
@@ -214,38 +223,28 @@ def warm_up(describer: Describer, audio: np.ndarray) -> None:
         describer.run(audio, DecodingConfig(mode=mode, max_new_tokens=2, stop_min_chars=0))
 
 
-def run_eval(describer: Describer, clips: Sequence[LabelledClip], modes: Sequence[EvalMode],
+def run_eval(pair: Pair, clips: Sequence[LabelledClip], modes: Sequence[EvalMode],
              rtt_ms: float = 0.0, on_record: Callable[[dict[str, Any]], None] | None = None,
              batch_size: int = 1) -> list[dict[str, Any]]:
-    """Every mode on every clip, one record each. Clips are read (and validated, as `describe`
-    does) once, before any decoding; modes run one after another over all clips so each mode's
-    latencies are taken under the same conditions. `batch_size` > 1: the speculative modes decode
-    that many clips at a time (batched.describe_many: the same tokens; a clip's latency then
-    includes its batch-mates' share of each forward, so speedups are not per-clip latencies)."""
-    from .batched import describe_many
-
-    processor = describer.pair.processor
-    audios = [load_audio(c.path, processor.sampling_rate, processor.max_seconds) for c in clips]
-    warm_up(describer, audios[0])
+    """Every mode on every clip, one record each, in clip order per mode. Clips are read (and
+    validated, as `describe` does) once, before any decoding; modes run one after another over all
+    clips so each mode's latencies are taken under the same conditions. `batch_size` > 1: the
+    speculative modes decode that many clips at a time (describe.describe_many: the same tokens; a
+    clip's latency then includes its batch-mates' share of each forward, so speedups are not
+    per-clip latencies). A clip that fails in one mode gets a failed record (scored as all wrong)
+    rather than aborting an evaluation that may have run for an hour. `on_record` as each ends."""
+    audios = [pair.read(c.path)[1] for c in clips]
+    warm_up(pair.describer, audios[0])
     records: list[dict[str, Any]] = []
-
-    def emit(record: dict[str, Any]) -> None:
-        records.append(record)
-        if on_record is not None:
-            on_record(record)
-
     for mode in modes:
-        if batch_size > 1 and mode.cfg.mode == "spec":
-            try:
-                outs = describe_many(describer, audios, mode.cfg, batch_size)
-            except Exception:  # a shared forward failed: this mode clip by clip, each failure its own
-                outs = None
-            if outs is not None:
-                for clip, out in zip(clips, outs, strict=True):
-                    emit(scored_record(clip, out, mode, rtt_ms))
-                continue
-        for clip, audio in zip(clips, audios, strict=True):
-            emit(evaluate_clip(describer, clip, audio, mode, rtt_ms))
+        rows = batch_size if mode.cfg.mode == "spec" else 1
+        done: dict[int, dict[str, Any]] = {}
+        inputs = ((i, (lambda a=audio: a)) for i, audio in enumerate(audios))
+        for outcome in describe_many(pair.describer, inputs, mode.cfg, rows):
+            record = done[outcome.key] = outcome_record(clips[outcome.key], outcome, mode, rtt_ms)
+            if on_record is not None:
+                on_record(record)
+        records += [done[i] for i in range(len(clips))]
     return records
 
 

@@ -14,6 +14,18 @@ from pathlib import Path
 from typing import Any
 
 
+def debugging() -> bool:
+    """SPECDEC_DEBUG=1: tracebacks and the libraries' own output are kept."""
+    return os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+
+
+def quiet_libraries() -> None:
+    """Keep stderr to specdec's own lines: no weight-loading bars or advisory warnings from
+    transformers (unless SPECDEC_DEBUG is set)."""
+    if not debugging():
+        quiet_transformers()
+
+
 def quiet_transformers() -> None:
     """Errors only, no progress bars, from transformers and the Hub client. Before transformers is
     imported this only sets the environment variables both libraries read at import time (importing

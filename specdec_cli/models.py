@@ -1,10 +1,7 @@
-"""Loading the edge/cloud pair and their shared processor.
+"""The pair loader: an edge and a cloud (the bundled demo pair for any not given), in this process
+or the cloud on a `specdec serve` server, checked to share a tokenizer before any decoding.
 
-The same `from_pretrained` path serves Qwen/Qwen2.5-Omni-3B / -7B and the bundled demo pair:
-a full Qwen2.5-Omni checkpoint (model_type `qwen2_5_omni`, thinker + talker) is loaded as its
-thinker only, by mapping the `thinker.` weight prefix away; a thinker-only folder (the demo pair)
-loads directly; anything else goes through `AutoModelForCausalLM` (the loop does not care which
-architecture it drives).
+One checkpoint at a time is checkpoints.py's (the server loads its cloud with the same calls).
 """
 
 from __future__ import annotations
@@ -13,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError, ModelError
+from .checkpoints import eos_ids_for, load_model, load_processor, same_tokenizer, same_tokenizer_files
+from .errors import ModelError
 
-# torch and transformers are imported where models are loaded, not at import time: the CLI checks
-# flags, paths and presets (and answers --version) without paying seconds of imports first.
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -37,96 +33,12 @@ def demo_pair() -> tuple[str, str]:
     return str(edge), str(cloud)
 
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16", "auto": "auto"}
-
-
-def dtype_name(name: str) -> str:
-    """The canonical name of a --dtype value (float32, bfloat16, float16, auto); InputError for
-    anything else. Without importing torch, so a bad flag or a refused batch answers at once."""
-    try:
-        return _DTYPES[name.lower()]
-    except KeyError:
-        raise InputError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, auto") from None
-
-
-def parse_dtype(name: str) -> Any:
-    """A torch dtype (or "auto") for a --dtype value; InputError for anything else."""
-    canonical = dtype_name(name)
-    if canonical == "auto":
-        return canonical
-    import torch
-
-    return getattr(torch, canonical)
-
-
-def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
-    """Load one model for decoding (eval mode, on `device`). Raises ModelError naming the path."""
-    from .fast_imports import import_transformers
-
-    import_transformers()
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2_5OmniThinkerForConditionalGeneration
-
-    try:
-        config = AutoConfig.from_pretrained(path_or_id)
-        kwargs = {"dtype": parse_dtype(dtype)}
-        if config.model_type == "qwen2_5_omni":
-            # Full Omni checkpoint: load just the thinker (the talker speaks; we only read text).
-            model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-                path_or_id, config=config.thinker_config, key_mapping={r"^thinker\.": ""}, **kwargs)
-        elif config.model_type == "qwen2_5_omni_thinker":
-            model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(path_or_id, **kwargs)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path_or_id, **kwargs)
-        return model.to(device).eval()
-    except (ModelError, InputError):
-        raise
-    except Exception as exc:  # from_pretrained raises many types; the user needs the path and the cause
-        raise ModelError(f"cannot load model {path_or_id!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-
-
-def load_processor(path_or_id: str) -> AudioTextProcessor:
-    from .fast_imports import import_transformers
-
-    import_transformers()  # before .processor imports transformers: one scan of its models folder
-    from .processor import AudioTextProcessor
-
-    try:
-        return AudioTextProcessor.from_pretrained(path_or_id)
-    except Exception as exc:
-        raise ModelError(f"cannot load the tokenizer/feature extractor of {path_or_id!r}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-
-
-def same_tokenizer(a, b) -> bool:
-    """Same vocabulary (token -> id) and the same special tokens."""
-    return a.get_vocab() == b.get_vocab() and a.all_special_tokens == b.all_special_tokens
-
-
-# Every file AutoTokenizer may read to build a tokenizer (fast, slow, added and special tokens).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
-                   "tokenizer.model", "added_tokens.json", "special_tokens_map.json", "chat_template.jinja",
-                   "chat_template.json")
-
-
-def same_tokenizer_files(a: str, b: str) -> bool:
-    """Two local folders whose tokenizer files are byte-identical (and present in both or neither)
-    load the same tokenizer, so the cloud's need not be loaded just to be compared (a Qwen
-    tokenizer takes about a second). Anything else (a Hub id, a missing or differing file): False,
-    and the caller loads and compares."""
-    da, db = Path(a), Path(b)
-    if not (da.is_dir() and db.is_dir()):
-        return False
-    found = False
-    for name in TOKENIZER_FILES:
-        fa, fb = da / name, db / name
-        if fa.is_file() != fb.is_file():
-            return False
-        if fa.is_file():
-            if fa.stat().st_size != fb.stat().st_size or fa.read_bytes() != fb.read_bytes():
-                return False
-            found = True
-    return found
+def with_demo(edge: str | None, cloud: str | None) -> tuple[str, str]:
+    """`edge` and `cloud`, the bundled demo pair's for any not given."""
+    if edge is None or cloud is None:
+        demo_edge, demo_cloud = demo_pair()
+        edge, cloud = edge or demo_edge, cloud or demo_cloud
+    return edge, cloud
 
 
 @dataclass
@@ -157,27 +69,21 @@ def presets_file_for(edge_id: str | None) -> Path | None:
     return path if path.is_file() else None
 
 
-def eos_ids_for(tokenizer) -> list[int]:
-    """EOS and <|im_end|>: either ends the assistant's turn."""
-    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
-
-
 def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "cpu",
               dtype: str = "float32", *, edge_device: str | None = None, cloud_device: str | None = None,
-              cloud_timeout: float | None = None) -> ModelPair:
+              cloud_info: dict[str, Any] | None = None, cloud_timeout: float | None = None) -> ModelPair:
     """Load edge and cloud (the bundled demo pair for any not given) and check they share a
     tokenizer before any decoding: speculative decoding compares token ids across models.
     `device` places both; `edge_device` / `cloud_device` place one each (a GPU each, or the
     edge on the CPU): token ids and logits rows cross between them, never hidden states.
-    `cloud_timeout`: seconds each request to a --cloud URL may take in all (None: $SPECDEC_CLOUD_TIMEOUT, else 60)."""
+    `cloud_info`: a remote cloud's /health as this run already read it (settings.PairSpec), so
+    the server is asked once per run. `cloud_timeout`: seconds each request to a --cloud URL may
+    take in all (None: $SPECDEC_CLOUD_TIMEOUT, else 60)."""
     edge_device, cloud_device = edge_device or device, cloud_device or device
-    if edge is None or cloud is None:
-        demo_edge, demo_cloud = demo_pair()
-        edge, cloud = edge or demo_edge, cloud or demo_cloud
+    edge, cloud = with_demo(edge, cloud)
     processor = load_processor(edge)
     if is_url(cloud):
-        return _remote_pair(edge, cloud, processor, edge_device, dtype, cloud_timeout)
+        return _remote_pair(edge, cloud, processor, edge_device, dtype, cloud_info, cloud_timeout)
     cloud_tok = processor.tokenizer if same_tokenizer_files(edge, cloud) else load_processor(cloud).tokenizer
     if cloud_tok is not processor.tokenizer and not same_tokenizer(processor.tokenizer, cloud_tok):
         raise ModelError(f"edge {edge!r} and cloud {cloud!r} have different tokenizers "
@@ -196,23 +102,28 @@ def is_url(cloud: str | None) -> bool:
     return bool(cloud) and cloud.lower().startswith(("http://", "https://"))
 
 
-def remote_client(url: str, timeout_s: float | None = None) -> RemoteClient:
-    """A client for the server at `url`, its identity read (/health): CloudUnreachable if down."""
+def remote_client(url: str, info: dict[str, Any] | None = None, timeout_s: float | None = None) -> RemoteClient:
+    """A client for the server at `url` with its identity: `info` as already read (and checked
+    by RemoteClient.health), else its /health (CloudUnreachable if down). `timeout_s`: the total
+    deadline of each request (None: $SPECDEC_CLOUD_TIMEOUT, else 60)."""
     from .remote.client import RemoteClient
 
     client = RemoteClient(url, timeout_s=timeout_s)
-    client.health()
+    if info is None:
+        client.health()
+    else:
+        client.info = dict(info)
     return client
 
 
 def _remote_pair(edge: str, url: str, processor: AudioTextProcessor, device: str, dtype: str,
-                 timeout_s: float | None = None) -> ModelPair:
+                 info: dict[str, Any] | None, timeout_s: float | None = None) -> ModelPair:
     """The edge here, the cloud on a server: same tokenizer (by fingerprint), the rules' masks at
     the cloud's vocabulary width as the server reports it."""
     from .decoding.processors import VocabMasks as Masks
     from .remote.wire import tokenizer_fingerprint
 
-    client = remote_client(url, timeout_s)
+    client = remote_client(url, info, timeout_s)
     info = client.info
     if info.get("tokenizer") != tokenizer_fingerprint(processor.tokenizer):
         raise ModelError(f"the cloud at {url} ({info.get('model')}) has another tokenizer than edge {edge!r}; "
@@ -228,6 +139,24 @@ def _remote_pair(edge: str, url: str, processor: AudioTextProcessor, device: str
 # Set by `specdec --threads N`: the user's choice, which `one_thread_if_tiny` leaves alone.
 threads_pinned = False
 TINY_PARAMS = 20_000_000
+
+
+def pin_threads(threads: int) -> None:
+    """torch's CPU threads, as the user chose them (--threads): kept for tiny pairs too."""
+    global threads_pinned
+    import torch
+
+    torch.set_num_threads(threads)
+    threads_pinned = True
+
+
+def pinned_threads() -> int | None:
+    """The --threads this process runs with (None: torch's own choice), for Ray workers."""
+    if not threads_pinned:
+        return None
+    import torch
+
+    return torch.get_num_threads()
 
 
 def one_thread_if_tiny(pair: ModelPair) -> None:

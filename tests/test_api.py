@@ -17,7 +17,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from specdec import Pair, Result
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,11 @@ import pytest
 from cli_helpers import FAST, bad_corpus, run_specdec, specdec_exe, subprocess_env, write_clip
 from typer.testing import CliRunner
 
-from specdec_cli.batch import (
+from specdec_cli.commands.app import app
+from specdec_cli.decoding.config import DecodingConfig
+from specdec_cli.errors import InputError
+from specdec_cli.records import RECORD_FIELDS
+from specdec_cli.results import (
     ResultsFile,
     clip_key,
     dumps_record,
@@ -23,17 +27,12 @@ from specdec_cli.batch import (
     read_records,
     run_batch,
 )
-from specdec_cli.cli import app
-from specdec_cli.decoding.config import DecodingConfig
-from specdec_cli.errors import InputError
-from specdec_cli.metrics import RECORD_FIELDS
-from specdec_cli.run_settings import RunSettings
+from specdec_cli.settings import RunSettings
 from specdec_cli.writer_lock import lock_path
 
 # The tiny saved model pair and the `models` options, shared by the whole session.
 pytest_plugins = ["cli_fixtures"]
 
-SUFFIXES = (".wav", ".flac", ".ogg")
 
 
 def lines(path: Path) -> list[dict]:
@@ -58,22 +57,46 @@ def failed(path: Path, message: str) -> dict:
 
 # -- folder walk --------------------------------------------------------------------------------
 
-def test_find_audio_filters_and_recurses(tmp_path):
-    for name in ("b.wav", "a.FLAC", "c.ogg", "notes.txt", "sub/d.wav"):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes(b"x")
-    assert [p.name for p in find_audio(tmp_path, SUFFIXES)] == ["a.FLAC", "b.wav", "c.ogg"]
-    assert [p.name for p in find_audio(tmp_path, SUFFIXES, recursive=True)] == ["a.FLAC", "b.wav", "c.ogg", "d.wav"]
+def test_find_audio_takes_what_the_audio_library_reads_whatever_its_name(tmp_path):
+    """Issue 29: files are probed by their header (soundfile), not picked by suffix: an Opus clip and
+    audio without a suffix are taken; a text file is not, but one named .wav is (a broken clip is
+    recorded as failed, not skipped unseen); dotfiles (._x.wav from macOS) are left out unless asked
+    for, and all of it is said."""
+    write_clip(tmp_path / "b.wav")
+    write_clip(tmp_path / "a.FLAC")
+    write_clip(tmp_path / "c.opus.ogg")
+    import soundfile as sf
+    from cli_helpers import tone
+
+    sf.write(str(tmp_path / "e.opus"), tone(sr=48000), 48000, format="OGG", subtype="OPUS")
+    sf.write(str(tmp_path / "noext"), tone(), 16000, format="WAV")
+    (tmp_path / "notes.wav").write_text("not audio")
+    (tmp_path / "readme.txt").write_text("x")
+    (tmp_path / "data.bin").write_bytes(b"\0" * 100)
+    write_clip(tmp_path / "._b.wav")
+    write_clip(tmp_path / "sub" / "d.wav")
+    write_clip(tmp_path / ".cache" / "x.wav")
+    found = find_audio(tmp_path)
+    assert [p.name for p in found.files] == ["a.FLAC", "b.wav", "c.opus.ogg", "e.opus", "noext", "notes.wav"]
+    assert [p.name for p in found.ignored] == ["data.bin", "readme.txt"] and found.hidden == 1
+    assert found.ignored_line() == ("ignored 2 files that are not audio (data.bin, readme.txt) and 1 dotfiles "
+                                    "(add --hidden to include them)")
+    deep = find_audio(tmp_path, recursive=True)
+    assert [p.name for p in deep.files] == ["a.FLAC", "b.wav", "c.opus.ogg", "e.opus", "noext", "notes.wav", "d.wav"]
+    assert deep.hidden == 2
+    every = find_audio(tmp_path, recursive=True, hidden=True)
+    assert [p.relative_to(tmp_path).as_posix() for p in every.files] == [
+        "._b.wav", ".cache/x.wav", "a.FLAC", "b.wav", "c.opus.ogg", "e.opus", "noext", "notes.wav", "sub/d.wav"]
 
 
 def test_find_audio_refusals(tmp_path):
     with pytest.raises(InputError, match="no such folder"):
-        find_audio(tmp_path / "nope", SUFFIXES)
-    (tmp_path / "f.wav").write_bytes(b"x")
+        find_audio(tmp_path / "nope")
+    (tmp_path / "f.txt").write_bytes(b"x")
     with pytest.raises(InputError, match="is a file"):
-        find_audio(tmp_path / "f.wav", SUFFIXES)
+        find_audio(tmp_path / "f.txt")
     with pytest.raises(InputError, match="no audio files.*--recursive"):
-        find_audio(tmp_path, (".mp3",))
+        find_audio(tmp_path)
 
 
 # -- the results file ---------------------------------------------------------------------------
@@ -124,8 +147,9 @@ def test_records_made_with_other_settings_are_refused_unchanged(tmp_path):
     with pytest.raises(InputError) as refused:
         ResultsFile(out, SETTINGS)
     assert refused.value.message.startswith(
-        f"{out} line 2 was made with other settings (recorded → this run: mode cloud → spec, preset - → fluent, "
-        "threshold - → 5.5, k - → 4, verify - → entropy, uncertainty - → sum); the file was left as it is.")
+        f"{out} line 2 was made with other settings (made with mode cloud, no preset, no threshold, no draft "
+        "blocks, no verification, no uncertainty gate; this run has mode spec, preset fluent, threshold 5.5, "
+        "blocks of k 4 tokens, verify entropy, uncertainty sum); the file was left as it is.")
     assert out.read_bytes() == before
 
 
@@ -343,7 +367,7 @@ def test_batch_subprocess_records_the_bad_corpus_without_tracebacks(tmp_path, mo
 # however loaded the machine. Test-only: the gate lives here.
 GATED_SPECDEC = """
 import os, sys
-import specdec_cli.batch as batch
+import specdec_cli.results as batch
 gate = int(os.environ["SPECDEC_TEST_GATE_FD"])
 append = batch.ResultsFile.append
 def gated(self, record):
@@ -351,7 +375,7 @@ def gated(self, record):
     if not os.read(gate, 1):  # blocks until the test allows one more record
         os._exit(3)           # the test closed the pipe: it is gone
 batch.ResultsFile.append = gated
-from specdec_cli.cli import main
+from specdec_cli.commands.app import main
 main()
 """
 
@@ -408,9 +432,14 @@ def test_batch_interrupted_then_killed_resumes_complete_without_duplicates(tmp_p
 
     interrupted = signal_after(args, out, 2, signal.SIGINT)
     assert interrupted.returncode == 130, interrupted.stderr
-    assert interrupted.stderr.strip().endswith("interrupted") and "Traceback" not in interrupted.stderr
     after_int = read_records(out)
     assert len(after_int) == 2
+    # Issue 29: it says what was kept and the command that resumes (the one given, rerun below).
+    import shlex
+
+    assert interrupted.stderr.strip().splitlines()[-1] == (
+        f"interrupted: 2 records are kept in {out} (2 from this run); resume with: {shlex.join(['specdec', *args])}")
+    assert "Traceback" not in interrupted.stderr
 
     assert not lock_path(out).exists()  # an interrupted run lets go of its lock
     killed = signal_after(args, out, 3, signal.SIGKILL)

@@ -56,8 +56,8 @@ def test_foreign_lines_refused_overwrite_keeps_a_backup_other_settings_refused(t
 
     cloud_results = out.read_bytes()
     line = refusal(run_specdec("batch", str(clips), "--out", str(out), "--preset", "quality", *TOKENS), out)
-    assert line.startswith(f"error: {out} line 1 was made with other settings (recorded → this run: mode cloud → "
-                           "spec, preset - → quality, "), line
+    assert line.startswith(f"error: {out} line 1 was made with other settings (made with mode cloud, no preset, "), line
+    assert "; this run has mode spec, preset quality, threshold " in line, line
     assert line.endswith(f"(the old file is then kept as {out}.bak-2)")  # .bak is taken
     assert out.read_bytes() == cloud_results
 

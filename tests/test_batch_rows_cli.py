@@ -14,8 +14,8 @@ from cli_helpers import run_specdec, specdec_exe, subprocess_env, write_clip
 from test_batch import lines, signal_after
 from typer.testing import CliRunner
 
-from specdec_cli.batch import read_records
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
+from specdec_cli.results import read_records
 from specdec_cli.writer_lock import lock_path
 
 pytest_plugins = ["cli_fixtures"]

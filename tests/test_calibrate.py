@@ -13,7 +13,7 @@ from cli_helpers import cloud_only_measured, measured, run_specdec, write_clip
 from typer.testing import CliRunner
 
 from specdec_cli.calibrate import Run, Score, agreement, pick, thresholds_for
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.decoding import DecodingConfig
 
 pytest_plugins = ["cli_fixtures"]
@@ -99,11 +99,11 @@ def test_calibrate_writes_usable_presets(tmp_path, clips, models, with_labels):
     assert "clips: 4 from" in text and "2 calibration" in text and "2 check" in text
     cloud_cal, cloud_chk = cloud_only_measured(text)
     if with_labels:
-        assert "accuracy against the labels" in result.stderr
+        assert "accuracy against the labels" in result.stdout
     else:
         # cloud-only agrees with itself: 100 on both halves, whichever measure the clips needed
         assert (cloud_cal, cloud_chk) == (100.0, 100.0)
-        assert "agreement" in result.stderr or "similarity" in result.stderr
+        assert "agreement" in result.stdout or "similarity" in result.stdout
     scores = measured(text)
     for name, points in (("quality", 1.0), ("fluent", 3.0)):
         quality, _ = scores[f"{name}/calibration"]
@@ -112,7 +112,9 @@ def test_calibrate_writes_usable_presets(tmp_path, clips, models, with_labels):
         assert f"{name}/check" in scores
     # fluent's allowance is wider, so it never costs more than quality
     assert scores["fluent/calibration"][1] <= scores["quality/calibration"][1]
-    assert "calibration half" in result.stderr and "check" in result.stderr  # the table
+    # the table and the choices are the output (issue 29: `calibrate > file` keeps them)
+    assert "calibration half" in result.stdout and "check" in result.stdout
+    assert f"presets: {out}" in result.stdout and "calibration half" not in result.stderr
 
     # the file works with --presets: presets shows it, describe uses its fluent preset
     shown = run_specdec("presets", "--presets", str(out), "--json")  # a real process

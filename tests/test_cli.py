@@ -15,9 +15,9 @@ from cli_helpers import FAST, bad_corpus, run_specdec, subprocess_env, write_cli
 from typer.testing import CliRunner
 
 from specdec_cli import __version__
-from specdec_cli.cli import app
-from specdec_cli.metrics import RECORD_FIELDS
-from specdec_cli.pipeline import Describer
+from specdec_cli.commands.app import app
+from specdec_cli.describe import Describer
+from specdec_cli.records import RECORD_FIELDS
 
 # The tiny saved model pair and the `models` options, shared by the whole session.
 pytest_plugins = ["cli_fixtures"]
@@ -117,11 +117,11 @@ def test_sampling_constraints_and_modelled_latency(clip_path, models):
 
 def test_plot_calls_plot_trace(clip_path, models, tmp_path, monkeypatch):
     calls = []
-    fake = types.ModuleType("specdec_cli.plots")
+    fake = types.ModuleType("specdec_cli.commands.plots")
     fake.require_matplotlib = lambda: None
     fake.plot_trace = lambda events, threshold, path, tokenizer=None: calls.append((events, threshold, path)) or path
-    monkeypatch.setitem(sys.modules, "specdec_cli.plots", fake)
-    monkeypatch.setattr("specdec_cli.plots", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "specdec_cli.commands.plots", fake)
+    monkeypatch.setattr("specdec_cli.commands.plots", fake, raising=False)
     result = invoke("describe", str(clip_path), *models, *DESCRIBE, "--plot", str(tmp_path / "t.png"), "--threshold", "7")
     assert result.exit_code == 0, result.output
     (events, threshold, path), = calls
@@ -130,7 +130,7 @@ def test_plot_calls_plot_trace(clip_path, models, tmp_path, monkeypatch):
 
 def test_plot_without_matplotlib_is_a_one_line_input_error(clip_path, models, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
-    monkeypatch.delitem(sys.modules, "specdec_cli.plots", raising=False)
+    monkeypatch.delitem(sys.modules, "specdec_cli.commands.plots", raising=False)
     result = invoke("describe", str(clip_path), *models, *DESCRIBE, "--plot", str(tmp_path / "t.png"))
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: plotting needs matplotlib: pip install 'specdec[plot]'"
@@ -251,7 +251,7 @@ def test_python_dash_m():
 THREADS_PROBE = """
 import sys, torch
 from typer.testing import CliRunner
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli import models
 torch.set_num_threads(2)
 before = torch.get_num_threads()

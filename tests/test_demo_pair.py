@@ -11,9 +11,9 @@ from cli_helpers import measured
 
 from specdec_cli.audio import load_audio
 from specdec_cli.decoding import DecodingConfig
+from specdec_cli.describe import Describer
 from specdec_cli.models import load_pair, presets_file_for
 from specdec_cli.phrases import ATTRIBUTES, find_phrases
-from specdec_cli.pipeline import Describer
 from specdec_cli.presets import resolve
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"

@@ -14,7 +14,7 @@ from cli_helpers import FAST, write_clip
 from typer.testing import CliRunner
 
 from specdec_cli import models as models_module
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.decoding.state import ModelState
 
 pytest_plugins = ["cli_fixtures"]

@@ -2,7 +2,7 @@
 the exit code, and that nothing already written changed (the results file's bytes before and after).
 
 Most cases run twice, through the installed console script and through the real app in this
-process (`specdec_cli.cli.app` under CliRunner): the same line and code from both, and the
+process (`specdec_cli.commands.app.app` under CliRunner): the same line and code from both, and the
 in-process run is the one mutation testing (`make mutate`) can see.
 
 Tests run as root here (and in CI), and root ignores permission bits. The permission cases
@@ -31,7 +31,7 @@ import soundfile as sf
 from cli_helpers import FAST, specdec_exe, subprocess_env, write_clip
 from typer.testing import CliRunner
 
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.writer_lock import lock_path
 
 pytest_plugins = ["cli_fixtures"]

@@ -13,7 +13,7 @@ from cli_helpers import run_specdec
 from conftest import clip
 from typer.testing import CliRunner
 
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.decoding import DecodingConfig
 from specdec_cli.errors import InputError
 from specdec_cli.evaluate import (
@@ -253,7 +253,7 @@ def _args(pair_dir, *args: str) -> list[str]:
 
 
 def _invoke(pair_dir, *args: str):
-    """The real `specdec` app (specdec_cli.cli.app), in this process."""
+    """The real `specdec` app (specdec_cli.commands.app.app), in this process."""
     return CliRunner().invoke(app, _args(pair_dir, *args))
 
 

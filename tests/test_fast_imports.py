@@ -58,7 +58,7 @@ def test_help_imports_no_heavy_library():
     out = _python("""
 import sys
 from typer.testing import CliRunner
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 result = CliRunner().invoke(app, ["--help"])
 assert result.exit_code == 0
 print(sorted(m for m in ("torch", "transformers", "numpy", "soundfile", "librosa") if m in sys.modules))

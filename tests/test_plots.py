@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from specdec_cli.commands.plots import plot_frontier, plot_trace
 from specdec_cli.decoding import BlockEvent, DecodingConfig, speculative_decode
 from specdec_cli.errors import InputError
-from specdec_cli.plots import plot_frontier, plot_trace
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -91,7 +91,7 @@ def test_no_matplotlib_is_a_one_line_input_error(tmp_path, monkeypatch):
 
 def _drawn(monkeypatch, events, tokenizer):
     """The trace figure's axes, captured where it would be saved."""
-    from specdec_cli import plots
+    from specdec_cli.commands import plots
 
     figs = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or Path(path))
@@ -104,7 +104,7 @@ def _ticks(ax) -> list[str]:
 
 
 def test_trace_names_tokens_when_a_font_has_them(monkeypatch, tokenizer):
-    from specdec_cli import plots, ui
+    from specdec_cli.commands import plots, ui
 
     monkeypatch.setattr(plots, "font_for", lambda text: "DejaVu Sans")  # as if a CJK font were installed
     events = [BlockEvent(0, tokenizer.convert_tokens_to_ids(["说", "话"]), [0.1, 2.0], 2.1, True, "entropy", 1,
@@ -117,7 +117,7 @@ def test_trace_names_tokens_when_a_font_has_them(monkeypatch, tokenizer):
 
 
 def test_trace_falls_back_to_ids_with_a_note_without_a_font(monkeypatch, tokenizer):
-    from specdec_cli import plots
+    from specdec_cli.commands import plots
 
     monkeypatch.setattr(plots, "font_for", lambda text: None)
     ax = _drawn(monkeypatch, EVENTS, tokenizer)
@@ -126,7 +126,7 @@ def test_trace_falls_back_to_ids_with_a_note_without_a_font(monkeypatch, tokeniz
 
 
 def test_font_search_checks_glyphs():
-    from specdec_cli.plots import font_for
+    from specdec_cli.commands.plots import font_for
 
     assert font_for("draft") is not None            # matplotlib always ships DejaVu Sans
     assert font_for("\U0010fffd") is None           # a private-use code point no font draws

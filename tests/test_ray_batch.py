@@ -22,11 +22,13 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.audio import load_audio
-from specdec_cli.batch import ResultsFile, read_records, run_batch
-from specdec_cli.cli import _flags, app, run_settings, worker_session
+from specdec_cli.commands.app import app
 from specdec_cli.errors import InputError, ModelError, SpecdecError
+from specdec_cli.pair import BatchWorker
+from specdec_cli.results import ResultsFile, read_records, run_batch
 from specdec_cli.scale import ray_batch
 from specdec_cli.scale.ray_batch import INSTALL_HINT, RayOptions, WorkerEvent
+from specdec_cli.settings import PairSpec
 
 ray = pytest.importorskip("ray")  # in the dev extra; the skip only spares a bare install
 
@@ -145,8 +147,8 @@ def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_
         for copy in ("a", "b", "c"):
             shutil.copy(wav, folder / f"{copy}_{wav.name}")
     clips = sorted(folder.glob("*.wav"))
-    flags = _flags("fluent", None, None, "cpu", "float32", None)
-    resolved = run_settings(flags)
+    spec = PairSpec.of()
+    resolved = spec.settings("fluent")
 
     events: list[WorkerEvent] = []
     killed: list[int] = []
@@ -158,9 +160,9 @@ def test_killed_worker_loses_nothing_and_doubles_nothing(local_ray, single, tmp_
             killed.append(pids[0])
 
     describe_all = ray_batch.describe_all(RayOptions("auto", workers=2, ship_audio=True),
-                                          partial(worker_session, flags, resolved, None), batch_size, events.append)
+                                          partial(BatchWorker, spec, resolved, None), batch_size, events.append)
     out = tmp_path / "r.jsonl"
-    with ResultsFile(out, resolved[2]) as results:
+    with ResultsFile(out, resolved.run) as results:
         summary = run_batch(clips, results, None, None, on_done, describe_all=describe_all)
 
     assert killed, "no worker was killed"
@@ -235,15 +237,22 @@ class ModelFreeSession:
     def __init__(self, poison: str, deaths: Path) -> None:
         self.poison, self.deaths = poison, deaths
 
-    def describe_file(self, path: Path, data: bytes | None = None) -> dict:
-        if path.name == self.poison:
-            with open(self.deaths, "a") as f:
-                f.write(f"{os.getpid()}\n")
-            os.kill(os.getpid(), signal.SIGKILL)
-        return {"file": str(path), "description": f"{len(data or b'')} bytes", "error": None}
+    def rows(self, batch_size: int) -> int:
+        return 1
 
-    def error_record(self, path: Path, message: str) -> dict:
-        return {"file": str(path), "description": None, "error": message}
+    def describe(self, files: list[str], read, batch_size: int) -> list[tuple[str, dict]]:
+        records = []
+        for file in files:
+            path = Path(file)
+            if path.name == self.poison:
+                with open(self.deaths, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+            records.append((file, {"file": file, "description": f"{len(read(path))} bytes", "error": None}))
+        return records
+
+    def error_record(self, file: str, message: str) -> dict:
+        return {"file": file, "description": None, "error": message}
 
 
 def test_a_clip_that_kills_every_worker_is_recorded_failed_once(local_ray, tmp_path):

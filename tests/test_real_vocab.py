@@ -20,7 +20,7 @@ from cli_helpers import run_specdec, write_clip
 from conftest import clip
 from typer.testing import CliRunner
 
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.decoding import DecodingConfig, generate_baseline, speculative_decode
 from specdec_cli.decoding.state import ModelState
 from specdec_cli.qwen_vocab import BPE_SIZE, CLOUD_VOCAB, EDGE_VOCAB

@@ -20,8 +20,8 @@ from remote_helpers import ROOT, SPECDEC, Server
 
 from specdec_cli.audio import load_audio
 from specdec_cli.decoding import DecodingConfig
+from specdec_cli.describe import Describer
 from specdec_cli.models import load_pair
-from specdec_cli.pipeline import Describer
 from specdec_cli.presets import resolve
 
 SAMPLES = sorted((ROOT / "samples").glob("*.wav"))

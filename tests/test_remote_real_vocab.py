@@ -9,9 +9,9 @@ import pytest
 from remote_helpers import Server
 
 from specdec_cli.decoding import DecodingConfig
+from specdec_cli.describe import Describer
 from specdec_cli.errors import ModelError
 from specdec_cli.models import load_pair
-from specdec_cli.pipeline import Describer
 from specdec_cli.qwen_vocab import CLOUD_VOCAB
 
 

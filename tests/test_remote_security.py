@@ -229,7 +229,7 @@ def test_fuzz_malformed_requests_get_one_line_4xx_and_the_server_stays_well(serv
         client = RemoteClient(server.url, token=TOKENS[0])
         client.health()
         assert client.info["sessions"] <= 4
-    from specdec_cli.pipeline import Describer
+    from specdec_cli.describe import Describer
 
     monkeypatch.setenv("SPECDEC_TOKEN", TOKENS[0])
     pair = load_pair(None, server.url)

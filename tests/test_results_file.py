@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli import batch
-from specdec_cli.batch import (
+from specdec_cli import results as batch
+from specdec_cli.decoding.config import DecodingConfig
+from specdec_cli.errors import InputError
+from specdec_cli.records import RECORD_FIELDS
+from specdec_cli.results import (
     ResultsFile,
     _keep_backup,
     backup_path,
@@ -21,10 +24,7 @@ from specdec_cli.batch import (
     numbered_records,
     run_batch,
 )
-from specdec_cli.decoding.config import DecodingConfig
-from specdec_cli.errors import InputError
-from specdec_cli.metrics import RECORD_FIELDS
-from specdec_cli.run_settings import RunSettings
+from specdec_cli.settings import RunSettings
 from specdec_cli.writer_lock import lock_path
 
 SETTINGS = RunSettings.of(DecodingConfig(), "fluent", "hub/edge", "hub/cloud", "float32")
@@ -194,22 +194,22 @@ def test_a_lock_held_without_a_pid_is_pid_unknown(tmp_path):
 
 
 def test_folder_refusals_word_for_word(tmp_path):
-    from specdec_cli.batch import find_audio
+    from specdec_cli.results import find_audio
 
-    suffixes = (".wav", ".flac")
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(InputError) as info:
-        find_audio(tmp_path, suffixes)
-    assert info.value.message == f"no audio files (.wav, .flac) in {tmp_path} (add --recursive to look in subfolders)"
+        find_audio(tmp_path)
+    assert info.value.message == (f"no audio files in {tmp_path} (add --recursive to look in subfolders); "
+                                  "ignored 1 files that are not audio (notes.txt)")
     with pytest.raises(InputError) as info:
-        find_audio(tmp_path, suffixes, recursive=True)
-    assert info.value.message == f"no audio files (.wav, .flac) in {tmp_path}"
+        find_audio(tmp_path, recursive=True)
+    assert info.value.message == f"no audio files in {tmp_path}; ignored 1 files that are not audio (notes.txt)"
     long = tmp_path / ("d" * 300)
     with pytest.raises(InputError) as info:
-        find_audio(long, suffixes)
+        find_audio(long)
     assert info.value.message == f"cannot read {long}: File name too long"
     with pytest.raises(InputError) as info:
-        find_audio(tmp_path / "notes.txt" / "x", suffixes)
+        find_audio(tmp_path / "notes.txt" / "x")
     assert info.value.message == f"no such folder: {tmp_path / 'notes.txt' / 'x'}; check the path"
 
 

@@ -10,11 +10,11 @@ import re
 import pytest
 from rich.console import Console
 
-from specdec_cli import ui
+from specdec_cli.commands import ui
 from specdec_cli.decoding import DecodingConfig
 from specdec_cli.decoding.loop import BlockEvent
+from specdec_cli.describe import Describer
 from specdec_cli.models import ModelPair
-from specdec_cli.pipeline import Describer
 from specdec_cli.presets import Preset
 
 pytest_plugins = ["cli_fixtures"]
@@ -220,7 +220,7 @@ def test_describe_trace_on_stderr_json_alone_on_stdout(tmp_path, models):
     from cli_helpers import write_clip
     from typer.testing import CliRunner
 
-    from specdec_cli.cli import app
+    from specdec_cli.commands.app import app
 
     clip = write_clip(tmp_path / "a.wav")
     args = ["describe", str(clip), *models, "--max-new-tokens", "12", "--k", "3", "--threshold", "1.5", "--json"]
@@ -231,7 +231,10 @@ def test_describe_trace_on_stderr_json_alone_on_stdout(tmp_path, models):
     rows = _trace_rows(result.stderr)
     assert rows and sum("→ cloud" in r for r in rows) == record["escalations"]
     assert all(len(r) > 0 and "…" not in r for r in rows)  # whole lines, never cut
-    assert result.stderr.index("trace ·") < result.stderr.index("cloud calls")  # above the summary
+    assert "cloud calls" not in result.stderr  # --json: no summary panel (issue 29), the trace only as asked
+    with_panel = CliRunner().invoke(app, [a for a in args if a != "--json"] + ["--trace"])
+    assert with_panel.exit_code == 0, with_panel.stderr
+    assert with_panel.stderr.index("trace ·") < with_panel.stderr.index("cloud calls")  # above the summary
     # Not a terminal and no --trace: no trace (a log keeps the summary only)
     plain_run = CliRunner().invoke(app, args)
     assert plain_run.exit_code == 0 and "trace ·" not in plain_run.stderr

@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import FAST, write_clip
 from typer.testing import CliRunner
 
-from specdec_cli.cli import app
+from specdec_cli.commands.app import app
 from specdec_cli.decoding import DecodingConfig, generate_baseline
 from specdec_cli.models import load_pair
 from specdec_cli.prompt import INSTRUCTION, SYSTEM, render_prompt

@@ -132,9 +132,8 @@ def weights_fingerprint(model: Any, full_below: int = 50_000_000) -> str:
 
 def load_hosted(cloud: str, device: str = "cpu", dtype: str = "float32") -> Hosted:
     """Load the cloud thinker and its processor the way `load_pair` loads them."""
+    from ..checkpoints import dtype_name, eos_ids_for, load_model, load_processor, model_id
     from ..decoding.processors import VocabMasks
-    from ..models import dtype_name, eos_ids_for, load_model, load_processor
-    from ..run_settings import model_id
 
     processor = load_processor(cloud)
     model = load_model(cloud, device, dtype)

@@ -7,10 +7,10 @@ Who does what:
     `DEPTH` clips at a time (so a worker never waits for the next clip to cross the network) and
     yields (clip, record) to `batch.run_batch` as each record comes back, in any order. It never
     loads a model.
-  * A worker is a Ray actor, one process: it loads the pair once (`make_session`: the CLI's Session,
+  * A worker is a Ray actor, one process: it loads the pair once (`make_session`: a pair.BatchWorker,
     given the settings the driver resolved, so every worker decodes exactly as the driver would) and
-    turns each clip into its record with `batch.describe_or_error`, the code a single-process batch
-    runs. A bad clip comes back as its error record, as it does there.
+    turns clips into records with `Pair.describe_many`, the code a single-process batch runs. A bad
+    clip comes back as its error record, as it does there.
 
 Where the audio is read:
   * shared path (the default with `--ray auto`, all workers on this machine): each worker reads the
@@ -51,7 +51,6 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from .. import __version__
-from ..batch import DescribeAll, describe_or_error
 from ..errors import InputError, SpecdecError, one_line
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec[ray]'"
@@ -95,11 +94,20 @@ class RayOptions:
 
 
 class ClipSession(Protocol):
-    """What a worker holds: the loaded pair and the resolved settings (cli.Session)."""
+    """What a worker holds: the loaded pair and the resolved settings (pair.BatchWorker). This
+    module knows it only by these calls, so it stays below the service layer that provides it."""
 
-    def describe_file(self, path: Path, data: bytes | None = None) -> dict[str, Any]: ...
+    def rows(self, batch_size: int) -> int: ...
 
-    def error_record(self, path: Path, message: str) -> dict[str, Any]: ...
+    def describe(self, files: list[str], read: Callable[[Path], bytes] | None,
+                 batch_size: int) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def error_record(self, file: str, message: str) -> dict[str, Any]: ...
+
+
+# What `describe_all` returns: given the clips still to do, yields (clip, record) as each clip ends
+# (results.run_batch's describe_all).
+DescribeAll = Callable[[list[Path]], Iterator[tuple[Path, dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -129,56 +137,27 @@ class PairWorker:
     def info(self, batch_size: int) -> tuple[int, str, str, str | None, int]:
         """(pid, host, specdec version, why the pair did not load or None, how many clips it decodes
         together at `batch_size`: 1 where this run cannot batch, e.g. a remote cloud)."""
-        from ..batched import batched_describe_all
-
-        rows = 1
-        if self.failure is None and batched_describe_all(self.session, batch_size) is not None:  # type: ignore[arg-type]
-            rows = batch_size
+        rows = 1 if self.failure is not None else self.session.rows(batch_size)
         return os.getpid(), socket.gethostname(), __version__, self.failure, rows
 
     def describe(self, files: list[str], sources: list[bytes | str | Exception],
                  batch_size: int) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
-        """Each clip's record, as the driver's process would make it: `batch_size` rows in flight
-        (batched.py) where this run can batch, else one at a time; and this process's pid (the
-        driver notices a restarted worker by it). `sources[i]`: clip i's bytes, a path to read them
-        from, or why the driver could not read them."""
-        from ..batched import batched_describe_all
+        """Each clip's record, as the driver's process would make it (`batch_size` rows in flight
+        where this run can batch, else one at a time), and this process's pid (the driver notices
+        a restarted worker by it). `sources[i]`: clip i's bytes, a path to read them from, or why
+        the driver could not read them; the record names the clip as the driver was given it."""
+        where = {Path(f): s for f, s in zip(files, sources, strict=True)}
 
-        session = _Sourced(self.session, {Path(f): s for f, s in zip(files, sources, strict=True)})
-        clips = [Path(f) for f in files]
-        rows = batched_describe_all(session, batch_size)  # type: ignore[arg-type]  # a Session by proxy
-        if rows is None:
-            records = [(p, describe_or_error(p, session.describe_file, session.error_record)) for p in clips]
-        else:
-            records = list(rows(clips))
-        return os.getpid(), [(str(p), r) for p, r in records]
+        def read(path: Path) -> bytes:
+            source = where[path]
+            if isinstance(source, Exception):
+                raise source
+            return source if isinstance(source, bytes) else _read(path, Path(source))
+
+        return os.getpid(), self.session.describe(files, read, batch_size)
 
     def error_record(self, file: str, message: str) -> dict[str, Any]:
-        return self.session.error_record(Path(file), message)
-
-
-class _Sourced:
-    """The worker's session, reading each clip from where the driver said (its shipped bytes, or a
-    path on shared storage) while the record names it as the driver was given it. Everything else
-    is the session's own."""
-
-    def __init__(self, session: ClipSession, sources: dict[Path, bytes | str | Exception]) -> None:
-        self._session, self._sources = session, sources
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
-
-    def _data(self, path: Path) -> bytes:
-        source = self._sources[path]
-        if isinstance(source, Exception):
-            raise source
-        return source if isinstance(source, bytes) else _read(path, Path(source))
-
-    def load(self, path: Path, data: bytes | None = None) -> Any:
-        return self._session.load(path, self._data(path))  # type: ignore[attr-defined]
-
-    def describe_file(self, path: Path, data: bytes | None = None) -> dict[str, Any]:
-        return self._session.describe_file(path, self._data(path))
+        return self.session.error_record(file, message)
 
 
 def _read(path: Path, where: Path) -> bytes:

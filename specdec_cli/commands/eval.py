@@ -1,8 +1,8 @@
 """`specdec eval DIR --labels labels.jsonl`: every mode on the same labelled clips, in one process.
 
 Thin: parse options, load the pair once, run `evaluate.run_eval` under a progress bar, print the
-table, write the report and the plot. Registered by the CLI as `app.command("eval")(eval_command)`.
-Human output goes to stderr; `--json` puts the report (one JSON object) on stdout.
+tables (stdout; stderr with --json, whose report is then stdout's only content), write the report
+and the plot.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from . import evaluate
-from .errors import InputError
-from .presets import check_presets_file
+from .. import evaluate
+from ..errors import InputError
+from . import ui
+from .describe import load, spec_of
+from .options import GENERATION, MODELS, Models, with_options
 
 
 def _tables(report: dict[str, Any]) -> list[Table]:
@@ -50,7 +52,8 @@ def _frontier_table(report: dict[str, Any]) -> Table | None:
     return table
 
 
-def eval_command(
+@with_options(GENERATION, MODELS)
+def evaluate_command(
     directory: Annotated[Path, typer.Argument(help="Folder of clips; the labels file names them relative to it.",
                                               metavar="DIR", show_default=False)],
     labels: Annotated[Path | None, typer.Option(
@@ -74,27 +77,22 @@ def eval_command(
         help="Modelled edge-cloud round trip: added once per cloud call to spec modes and once per clip "
              "to cloud-only in the modelled latency (computed, never slept).")] = 0.0,
     limit: Annotated[int | None, typer.Option(help="Only the first N labelled clips.", show_default=False)] = None,
-    edge: Annotated[str | None, typer.Option(help="Edge model: folder or Hub id (default: bundled demo edge).",
-                                             show_default=False)] = None,
-    cloud: Annotated[str | None, typer.Option(help="Cloud model: folder or Hub id (default: bundled demo cloud).",
-                                              show_default=False)] = None,
-    device: Annotated[str, typer.Option(help="Torch device for both models.")] = "cpu",
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto.")] = "float32",
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens per description.")] = 64,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout "
+                                           "(the tables then go to stderr).")] = False,
     presets_file: Annotated[Path | None, typer.Option(
         "--presets", help="A presets file (e.g. from `specdec calibrate`) for the fluent, quality and always modes.",
         show_default=False)] = None,
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Clips decoded together by the speculative modes (same tokens; a clip's latency "
         "then includes its batch-mates' share of each forward, so keep 1 to compare latencies).")] = 1,
+    *, generation: dict[str, Any], models: Models,
 ) -> None:
     """Score edge-only, cloud-only and the speculative modes on labelled clips: accuracy per
     attribute, sentence validity, cloud calls, latency and speedup."""
-    err = Console(stderr=True)
+    from ..settings import explicit
+
+    err = ui.console()
     # Validate everything the user typed before spending time on loading models.
-    if max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if cloud_rtt_ms < 0:
         raise InputError(f"--cloud-rtt-ms must be >= 0, got {cloud_rtt_ms:g}")
     if limit is not None and limit < 1:
@@ -102,25 +100,18 @@ def eval_command(
     if report is not None and report.suffix == ".md":
         raise InputError(f"--report {report} must not end in .md: the Markdown version is written beside it")
     mode_names = evaluate.parse_modes(modes)
-    check_presets_file(presets_file)
     thresholds = evaluate.parse_sweep(sweep) if sweep else []
+    base = explicit(**generation)
+    max_new_tokens = base.pop("max_new_tokens", 64)
     labels_path = labels if labels is not None else directory / "labels.jsonl"
     clips = evaluate.read_labels(labels_path, directory)[:limit]
     if plot is not None:
         from . import plots
 
         plots.require_matplotlib()  # fail now, not after an hour of decoding, if matplotlib is missing
-
-    # torch + transformers: only once the cheap checks passed
-    from .models import load_pair, one_thread_if_tiny
-    from .pipeline import Describer
-
-    with err.status("loading models…"):
-        pair = load_pair(edge, cloud, device, dtype)
-    # As describe and calibrate do: the tiny demo pair on two threads was 5-40x slower per clip on
-    # this busy 2-core machine (latency 1.7-5 s per clip against ~0.05 s on one thread).
-    one_thread_if_tiny(pair)
-    eval_modes = evaluate.mode_configs(mode_names, [pair.presets_file, presets_file], max_new_tokens, k, thresholds)
+    spec = spec_of(models, presets_file)
+    eval_modes = evaluate.mode_configs(mode_names, list(spec.presets_files), max_new_tokens, k, thresholds, base)
+    pair = load(spec, err)
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True)
@@ -133,18 +124,19 @@ def eval_command(
                 progress.console.print(Text.assemble(("warning: ", "yellow"),
                                                      f"{record['eval_mode']} {record['file']}: {record['error']}"))
 
-        records = evaluate.run_eval(Describer(pair), clips, eval_modes, cloud_rtt_ms, on_record, batch_size)
+        records = evaluate.run_eval(pair, clips, eval_modes, cloud_rtt_ms, on_record, batch_size)
 
     settings = {"modes": mode_names, "sweep": sweep, "k": k, "max_new_tokens": max_new_tokens,
-                "cloud_rtt_ms": cloud_rtt_ms, "device": device, "dtype": dtype, "batch_size": batch_size,
-                "configs": {m.name: m.cfg.as_dict() for m in eval_modes}}
-    result = evaluate.build_report(records, eval_modes, edge=pair.edge_id, cloud=pair.cloud_id,
+                "cloud_rtt_ms": cloud_rtt_ms, "device": models.device, "dtype": models.dtype,
+                "batch_size": batch_size, "configs": {m.name: m.cfg.as_dict() for m in eval_modes}}
+    result = evaluate.build_report(records, eval_modes, edge=pair.models.edge_id, cloud=pair.models.cloud_id,
                                    samples=str(directory), labels=str(labels_path), settings=settings)
 
+    out = err if json_out else Console(highlight=False)  # the tables are the output, unless the report is
     for table in _tables(result):
-        err.print(table)
+        out.print(table)
     if (fr_table := _frontier_table(result)) is not None:
-        err.print(fr_table)
+        out.print(fr_table)
     if report is not None:
         json_path, md_path = evaluate.write_report(result, report)
         err.print(f"report: {json_path} · {md_path}", markup=False)

@@ -28,11 +28,11 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from .decoding.config import DecodingConfig
+from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
-    from .decoding.loop import BlockEvent
-from .presets import EXTRA_KEYS, PRESET_KEYS, Preset
+    from ..decoding.loop import BlockEvent
+from ..presets import EXTRA_KEYS, PRESET_KEYS, Preset
 
 ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
 UNIT = "nats"
@@ -362,3 +362,47 @@ def _source(preset: Preset, base: Preset | None) -> str:
     if base is not None and base.source != preset.source:
         return f"{preset.source} (over {base.source})"
     return preset.source
+
+
+def console(stderr: bool = True) -> Console:
+    """A console for our lines: off a terminal, a line is never wrapped (a log keeps each message,
+    path and all, on one line) and nothing is highlighted."""
+    out = Console(stderr=stderr, highlight=False)
+    out.soft_wrap = not out.is_terminal
+    return out
+
+
+# Off a terminal a batch prints a progress line at most this often (seconds): a log of a long run
+# says how far it got without one line per clip. SPECDEC_PROGRESS_S overrides it.
+PROGRESS_EVERY_S = 10.0
+
+
+class ProgressLines:
+    """The batch progress for a log: one plain line at the first finished clip, then at most one
+    per `every_s` seconds, each saying how far the run is and how long the rest may take."""
+
+    def __init__(self, console: Console, total: int, skipped: int, every_s: float | None = None) -> None:
+        import os
+
+        if every_s is None:
+            try:
+                every_s = float(os.environ.get("SPECDEC_PROGRESS_S", PROGRESS_EVERY_S))
+            except ValueError:
+                every_s = PROGRESS_EVERY_S
+        self.console, self.total, self.skipped, self.every_s = console, total, skipped, every_s
+        self.done = self.failed = 0
+        self.start = time.monotonic()
+        self.last: float | None = None
+
+    def advance(self, failed: bool) -> None:
+        self.done += 1
+        self.failed += failed
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.every_s and self.done < self.total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        self.console.print(f"batch: {self.done}/{self.total} clips ({self.failed} failed"
+                           f"{f', {self.skipped} already recorded' if self.skipped else ''}), "
+                           f"{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False, soft_wrap=True)

@@ -1,8 +1,8 @@
-"""Batch runs: the folder walk, and a results file that survives being killed at any instant and
+"""Results files of batch runs: the folder walk, and a results file that survives being killed at any instant and
 never deletes a line specdec did not write.
 
 The results file is JSON Lines, one record per clip (the record of `describe --json`), each with
-the settings that made it (`settings`, see run_settings.py).
+the settings that made it (`settings`, see settings.py).
 
 Opening a results file (`ResultsFile`):
   1. Takes its writer lock (writer_lock.py): a second batch on the same file is refused at once;
@@ -38,13 +38,53 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import InputError, one_line
-from .metrics import RECORD_FIELDS, json_safe
-from .run_settings import RunSettings, differences
+from .records import RECORD_FIELDS
+from .settings import RunSettings, differences
+from .strict_json import dumps_record
 from .writer_lock import LockHeld, WriterLock
 
 
-def find_audio(root: Path, suffixes: tuple[str, ...], recursive: bool = False) -> list[Path]:
-    """Audio files under `root` (by suffix, case-insensitive), sorted for a stable order."""
+@dataclass
+class Found:
+    """What a folder holds for a batch: the audio files (sorted, for a stable order), the files
+    that are not audio, and the dotfiles left out."""
+
+    files: list[Path]
+    ignored: list[Path] = field(default_factory=list)
+    hidden: int = 0
+
+    def ignored_line(self) -> str:
+        """One line saying what was left out and why."""
+        parts = []
+        if self.ignored:
+            names = ", ".join(p.name for p in self.ignored[:3]) + (", …" if len(self.ignored) > 3 else "")
+            parts.append(f"{len(self.ignored)} files that are not audio ({names})")
+        if self.hidden:
+            parts.append(f"{self.hidden} dotfiles (add --hidden to include them)")
+        return "ignored " + " and ".join(parts)
+
+
+# Names that say "audio": such a file is a clip even when it cannot be read (it is then described
+# as failed, with the reason, like any clip that fails); any other name counts only when it reads.
+AUDIO_NAMES = frozenset((".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".aifc",
+                         ".au", ".snd", ".caf", ".w64", ".rf64", ".m4a", ".aac", ".wma", ".webm"))
+
+
+def is_audio(path: Path) -> bool:
+    """Whether the audio library reads `path`, by its header alone (whatever its name says)."""
+    import soundfile as sf
+
+    try:
+        sf.info(str(path))
+    except Exception:  # not audio, or unreadable: either way not a clip by its content
+        return False
+    return True
+
+
+def find_audio(root: Path, recursive: bool = False, hidden: bool = False) -> Found:
+    """Every file under `root` that is audio: one the audio library reads (probed by its header,
+    whatever its name), or one named as audio (a broken one is then recorded as failed, not
+    skipped unseen). Dotfiles and dot-folders are left out unless `hidden`."""
     try:
         found = root.stat()
     except (FileNotFoundError, NotADirectoryError):
@@ -54,21 +94,24 @@ def find_audio(root: Path, suffixes: tuple[str, ...], recursive: bool = False) -
     if not stat.S_ISDIR(found.st_mode):
         raise InputError(f"{root} is a file; `specdec batch` takes a folder (use `specdec describe {root}`)")
     walk = root.rglob("*") if recursive else root.iterdir()
-    files = sorted(p for p in walk if p.is_file() and p.suffix.lower() in suffixes)
-    if not files:
+    result = Found([])
+    for path in sorted(p for p in walk if p.is_file()):
+        if not hidden and any(part.startswith(".") for part in path.relative_to(root).parts):
+            result.hidden += 1
+        elif path.suffix.lower() in AUDIO_NAMES or is_audio(path):
+            result.files.append(path)
+        else:
+            result.ignored.append(path)
+    if not result.files:
         hint = "" if recursive else " (add --recursive to look in subfolders)"
-        raise InputError(f"no audio files ({', '.join(suffixes)}) in {root}{hint}")
-    return files
+        more = f"; {result.ignored_line()}" if result.ignored or result.hidden else ""
+        raise InputError(f"no audio files in {root}{hint}{more}")
+    return result
 
 
 def clip_key(file: str) -> str:
     """How two records are known to describe the same clip."""
     return os.path.normpath(os.path.abspath(file))
-
-
-def dumps_record(record: dict[str, Any]) -> str:
-    """One record as one line of strict JSON (no newline)."""
-    return json.dumps(json_safe(record), ensure_ascii=False, allow_nan=False)
 
 
 # Every line we write starts with this (the record's first field); a torn last line that does
@@ -156,8 +199,7 @@ def check_settings(path: Path, records: list[tuple[int, dict[str, Any]]], settin
             raise refusal(path, f"line {number} carries no settings (written before specdec 0.2), so it "
                                 "cannot be told apart from other settings")
         if recorded != current:
-            raise refusal(path, f"line {number} was made with other settings "
-                                f"(recorded → this run: {differences(recorded, current)})")
+            raise refusal(path, f"line {number} was made with other settings ({differences(recorded, current)})")
 
 
 def latest_by_clip(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -278,6 +320,28 @@ class ResultsFile:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class StreamResults:
+    """`--out -`: records written to a stream (stdout) as each clip ends; nothing to resume from,
+    no lock (the stream is this run's alone)."""
+
+    path = Path("-")
+    backup: Path | None = None
+    done: frozenset[str] = frozenset()  # a stream resumes nothing
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._stream.write(dumps_record(record) + "\n")
+        self._stream.flush()
+
+    def __enter__(self) -> StreamResults:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
 
 
 @dataclass

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .decoding import BlockEvent
-from .errors import InputError
+    from ..decoding import BlockEvent
+from ..errors import InputError
 
 # Fonts with CJK glyphs, in order of preference; the first installed one labels the tokens.
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Zen Hei",

@@ -1,0 +1,200 @@
+"""`specdec batch DIR --out FILE`: every clip of a folder into a results file (or stdout), resumable."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ..errors import InputError, SpecdecError
+from . import ui
+from .app import Interrupted
+from .describe import load, spec_of
+from .options import DECODING, MODELS, Decoding, Models, with_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..scale.ray_batch import DescribeAll, RayOptions, WorkerEvent
+    from ..settings import PairSpec, Settings
+
+# Measured on the bundled pair, 2 CPU cores (README, "specdec batch --batch-size").
+DEFAULT_BATCH_SIZE = 8
+BatchSizeOpt = Annotated[int, typer.Option(
+    "--batch-size", min=1, help="Clips decoded together, one forward per model for all (in this process; a remote "
+    "cloud and sampled edge/cloud modes go one at a time). Records are written as each clip ends.")]
+
+_R = "Ray (many processes or machines)"
+RayOpt = Annotated[str | None, typer.Option(
+    "--ray", metavar="auto|ADDRESS", help="Spread the clips over Ray workers, each loading the pair once: auto starts "
+    "a Ray on this machine for this run; ADDRESS joins a running cluster (what `ray start --head` prints). "
+    "Needs pip install 'specdec\\[ray]'.",  # the backslash keeps Rich from reading [ray] as markup
+    show_default=False, rich_help_panel=_R)]
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", min=1, help="Ray workers (default: one per CPU, or per --gpus-per-worker GPUs, of the cluster).",
+    show_default=False, rich_help_panel=_R)]
+GpusOpt = Annotated[float, typer.Option(
+    "--gpus-per-worker", min=0, help="GPUs Ray gives each worker (with --device cuda).", rich_help_panel=_R)]
+ShipAudioOpt = Annotated[bool | None, typer.Option(
+    "--ship-audio/--shared-path", help="Who reads the clips: this process, sending their bytes to the workers "
+    "(default with an ADDRESS), or the workers, from DIR at the same path on every node (default with auto).",
+    show_default=False, rich_help_panel=_R)]
+
+
+@with_options(DECODING, MODELS)
+def batch(
+    directory: Annotated[Path, typer.Argument(help="Folder of audio files.", show_default=False)],
+    # readable=False: Typer's own check would refuse an unreadable file with a usage box; ResultsFile
+    # says it in one line (and checks more: the folder, the lock).
+    out: Annotated[Path, typer.Option(help="Results, one JSON line per file (appended as each finishes); "
+                                      "- writes them to stdout.", show_default=False, readable=False)],
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.")] = False,
+    hidden: Annotated[bool, typer.Option("--hidden", help="Include dotfiles and dot-folders (._x.wav, .cache/).")
+                      ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out "
+                                            "(the old file is kept as OUT.bak).")] = False,
+    ray: RayOpt = None,
+    workers: WorkersOpt = None,
+    gpus_per_worker: GpusOpt = 0.0,
+    ship_audio: ShipAudioOpt = None,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    *, decoding: Decoding, models: Models,
+) -> None:
+    """Describe every audio file in DIRECTORY into --out, one JSON line per file.
+
+    Rerunning with the same settings and --out resumes: files recorded without error are skipped,
+    failed ones are retried, and a run killed at any moment loses nothing already written. A file
+    holding anything else (other settings, another tool's lines) is refused, never rewritten; one
+    --out takes one run at a time. Every file the audio library can read is taken, whatever its
+    name; what is not audio is listed and left out."""
+    from ..results import ResultsFile, StreamResults, find_audio
+    from ..settings import explicit
+
+    err = ui.console()
+    found = find_audio(directory, recursive, hidden)
+    files = found.files
+    overrides = explicit(**decoding.given)
+    ray_options = _ray_options(ray, workers, gpus_per_worker, ship_audio, models.device)
+    to_stdout = str(out) == "-"
+    if to_stdout and overwrite:
+        raise InputError("--overwrite starts a results file over; --out - writes to stdout, which has nothing to "
+                         "start over")
+    spec = spec_of(models, decoding.presets_file)
+    run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)
+    if found.ignored or found.hidden:  # said once every check passed: a refusal stays one line
+        err.print(found.ignored_line(), markup=False, style="dim", soft_wrap=True)
+    results = StreamResults(sys.stdout) if to_stdout else ResultsFile(out, run.run, overwrite)
+    with results:
+        if results.backup is not None:
+            err.print(f"starting over; the old results are kept in {results.backup}", markup=False, soft_wrap=True)
+        summary = _run(files, results, spec, run, ray_options, batch_size, err)
+    where = "stdout" if to_stdout else str(out)
+    err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, where))
+    if summary.link.clips:
+        err.print(summary.link.line(), markup=False, soft_wrap=True)
+    if summary.failed:
+        rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
+            "; their records say why"
+        raise SpecdecError(f"{summary.failed} of {len(files)} files failed{rerun}")
+
+
+class _Summary:
+    def __init__(self, ok: int = 0, failed: int = 0, skipped: int = 0) -> None:
+        self.ok, self.failed, self.skipped = ok, failed, skipped
+        self.link = ui.LinkTally()
+
+
+def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
+         batch_size: int, err: Console) -> _Summary:
+    from ..results import pending, run_batch
+
+    todo, skipped = pending(files, results)
+    summary = _Summary(skipped=skipped)
+    if not todo:
+        return summary
+    pair = load(spec, err) if ray_options is None else None  # a Ray driver loads no model
+    lines = None if err.is_terminal else ui.ProgressLines(err, len(todo), skipped)
+    with ui.batch_progress(err, disable=not err.is_terminal) as progress:
+        task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing", total=len(todo))
+
+        def on_done(path: Path, record: dict[str, Any]) -> None:
+            progress.advance(task)
+            summary.link.add(record)
+            failed = record["error"] is not None
+            if failed:
+                summary.failed += 1
+                progress.console.print(f"failed: {path}: {record['error']}", markup=False, style="yellow",
+                                       soft_wrap=True)  # one line per file, even in a log
+            else:
+                summary.ok += 1
+            if lines is not None:
+                lines.advance(failed)
+
+        if pair is not None:
+            def describe_all(clips: list[Path]):
+                return ((path, result.record) for path, result in pair.describe_many(clips, run, batch_size))
+        else:
+            assert ray_options is not None
+            describe_all = _ray_describe_all(ray_options, spec, run, batch_size, progress.console)
+        try:
+            run_batch(files, results, None, None, on_done, describe_all=describe_all)
+        except KeyboardInterrupt:
+            raise Interrupted(_kept(results, summary)) from None
+    return summary
+
+
+def _kept(results: Any, summary: _Summary) -> str:
+    """What Ctrl-C leaves: the records kept (as the file holds them: every append is on disk before
+    the next clip starts), and the command that goes on from there."""
+    from ..results import read_records
+
+    if str(results.path) == "-":
+        return f"{summary.ok + summary.failed} records were written to stdout"
+    kept = len(read_records(results.path))
+    argv = [a for a in sys.argv[1:] if a != "--overwrite"]  # resuming must not start over again
+    return (f"{kept} records are kept in {results.path} ({kept - summary.skipped} from this run); "
+            f"resume with: {shlex.join(['specdec', *argv])}")
+
+
+def _ray_options(ray: str | None, workers: int | None, gpus_per_worker: float, ship_audio: bool | None,
+                 device: str) -> RayOptions | None:
+    """The Ray options, checked before anything is opened or loaded; None without --ray."""
+    if ray is None:
+        if workers is not None or gpus_per_worker or ship_audio is not None:
+            raise InputError("--workers, --gpus-per-worker, --ship-audio and --shared-path go with --ray; "
+                             "add --ray auto (or --ray ADDRESS)")
+        return None
+    from ..scale.ray_batch import RayOptions, check_reachable, require_ray
+
+    require_ray()  # the install hint, exit 2
+    if not ray.strip():
+        raise InputError("--ray needs auto or a cluster address (e.g. 10.0.0.5:6379 or ray://10.0.0.5:10001)")
+    if ray.strip() != "auto":
+        check_reachable(ray.strip())  # at once, not after minutes of ray.init retrying
+    if gpus_per_worker and device == "cpu":
+        raise InputError(f"--gpus-per-worker {gpus_per_worker:g} gives each worker GPUs, but the models would "
+                         "stay on the CPU: add --device cuda")
+    return RayOptions(ray.strip(), workers, gpus_per_worker, ship_audio)
+
+
+def _ray_describe_all(options: RayOptions, spec: PairSpec, run: Settings, batch_size: int,
+                      console: Console) -> DescribeAll:
+    """run_batch's describe_all over Ray workers, each holding a pair.BatchWorker of this run's
+    spec and settings and decoding `batch_size` rows at a time where this run can batch."""
+    from ..models import pinned_threads
+    from ..pair import BatchWorker
+    from ..scale.ray_batch import describe_all
+
+    def on_event(event: WorkerEvent) -> None:
+        where = f" (pid {event.pid} on {event.host})" if event.pid is not None else ""
+        if event.kind != "ready":
+            console.print(f"ray: worker {event.index + 1} {event.kind}{where}"
+                          f"{': ' + event.detail if event.detail else ''}", markup=False, style="yellow",
+                          soft_wrap=True)
+
+    worker = partial(BatchWorker, spec.portable(), run, pinned_threads())
+    return describe_all(options, worker, batch_size, on_event)

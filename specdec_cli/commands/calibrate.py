@@ -1,0 +1,135 @@
+"""`specdec calibrate DIR --out presets.toml`: the quality and fluent presets for a pair, on the
+user's clips (calibrate.py says how). The table and the choices are the output (stdout); progress
+goes to stderr."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .. import calibrate as calibration
+from ..errors import InputError
+from . import ui
+from .describe import load, spec_of
+from .options import GENERATION, MODELS, Models, with_options
+
+if TYPE_CHECKING:
+    from ..calibrate import Choice, Run, Score
+
+
+class _Bar:
+    """calibrate.Progress drawn as a Rich bar (on a terminal only)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = progress.add_task("calibrating", total=None)
+
+    def total(self, clips: int) -> None:
+        self.progress.update(self.task, total=clips)
+
+    def running(self, name: str) -> None:
+        self.progress.update(self.task, description=f"{name:>14}")
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+
+@with_options(GENERATION, MODELS)
+def calibrate(
+    directory: Annotated[Path, typer.Argument(help="Folder of clips to calibrate on.", metavar="DIR",
+                                              show_default=False)],
+    out: Annotated[Path, typer.Option(help="Write the presets here (TOML); use it with --presets.",
+                                      show_default=False)],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")] = False,
+    labels: Annotated[Path | None, typer.Option(
+        help="labels.jsonl (as for eval): score by attribute accuracy. Without it, quality is agreement "
+             "with cloud-only's output on the same clips.", show_default=False)] = None,
+    quality_points: Annotated[float, typer.Option(
+        min=0, help="quality = the cheapest setting within this many points of cloud-only.")] = 1.0,
+    fluent_points: Annotated[float, typer.Option(
+        min=0, help="fluent = the cheapest setting within this many points of cloud-only.")] = 3.0,
+    ks: Annotated[str, typer.Option("--ks", help="Block lengths to sweep (comma list).")] = "4,6",
+    percentiles: Annotated[str, typer.Option(
+        help="Thresholds to sweep per k, as percentiles of the edge's block uncertainties (comma list; "
+             "0 and inf are always added). More points find cheaper settings at more decodes.")
+    ] = ",".join(map(str, calibration.PERCENTILES)),
+    uncertainty: Annotated[str, typer.Option(help="Block uncertainty: sum, max or mean.")] = "sum",
+    limit: Annotated[int | None, typer.Option(min=2, help="Only the first N clips.", show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Clips decoded together by the speculative runs (the same tokens as one at a "
+        "time; see `specdec batch --batch-size`).")] = 8,
+    *, generation: dict[str, Any], models: Models,
+) -> None:
+    """Calibrate the quality and fluent presets for a pair on your clips: cloud-only, edge-only and
+    a threshold × k sweep, chosen on one half of the clips and checked on the other."""
+    from ..settings import explicit
+
+    err = ui.console()
+    # Every cheap check before any model loads.
+    k_values = calibration.parse_ks(ks)
+    grid_ps = calibration.parse_percentiles(percentiles)
+    if uncertainty not in ("sum", "max", "mean"):
+        raise InputError(f"bad --uncertainty {uncertainty!r}; use sum, max or mean")
+    if out.suffix == ".md" or out.is_dir():
+        raise InputError(f"--out {out} must be a .toml file path")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} exists; add --overwrite to replace it, or give another --out")
+    base = explicit(**generation)
+    max_new_tokens = base.pop("max_new_tokens", 64)
+    names, paths, clip_labels = calibration.clips_for(directory, labels)
+    names, paths = names[:limit], paths[:limit]
+    if clip_labels is not None:
+        clip_labels = clip_labels[:limit]
+    if len(paths) < 2:
+        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has {len(paths)}")
+    pair = load(spec_of(models, None), err)
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+    with progress:
+        found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
+                                      percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
+                                      batch_size=batch_size, settings=base, quality_points=quality_points,
+                                      fluent_points=fluent_points, progress=_Bar(progress))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(found.toml, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc
+
+    stdout = Console(highlight=False)
+    stdout.print(results_table(found.runs, found.scored, found.choices, found.n_calib, found.n_check))
+    stdout.print(f"quality measure: {found.measure}", markup=False)
+    for c in found.choices:
+        note = "" if c.met else f" (nothing reached within {c.points:g} points: best quality chosen)"
+        stdout.print(f"{c.name}: k {c.run.cfg.k}, threshold {calibration.toml_float(c.run.cfg.threshold)}{note}",
+                     markup=False)
+    stdout.print(f"presets: {out} · use with --presets {out}", markup=False, soft_wrap=True)
+
+
+def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],
+                  n_calib: int, n_check: int) -> Table:
+    chosen: dict[str, str] = {}
+    for c in choices:  # one setting may be both presets ("both": keeps the table within 80 columns)
+        chosen[c.run.name] = "both" if c.run.name in chosen else c.name
+    table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
+        table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True)
+
+    def order(r: Run) -> tuple:
+        return (r.cfg.mode == "spec", r.cfg.k, r.cfg.threshold)
+
+    for r in sorted(runs, key=order):
+        cal, chk = scored[r.name]
+        setting = f"k {r.cfg.k} · t {calibration.toml_float(r.cfg.threshold)}" if r.cfg.mode == "spec" else r.name
+        table.add_row(setting, f"{cal.call_rate:.3f}", f"{cal.quality:.1f}", f"{chk.call_rate:.3f}",
+                      f"{chk.quality:.1f}", chosen.get(r.name, ""), style="bold" if r.name in chosen else None)
+    return table

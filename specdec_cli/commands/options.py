@@ -1,0 +1,187 @@
+"""Options shared by commands, declared once, in groups; `with_options` adds a group's options to a
+command and hands the command one object for them.
+
+Every command that loads models takes the same model, device, dtype, prompt and sampling options
+with the same help (`MODELS`, `GENERATION`); describe and batch share the decoding options too
+(`DECODING`). Typer reads a command's parameters from its signature, so `with_options` writes the
+group's parameters into the signature it shows Typer (`__signature__`) and packs the values the
+user gave into the group's object before calling the command. (Typer has no option groups of its
+own; click's are decorators that Typer does not read.)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+class Mode(StrEnum):
+    spec = "spec"
+    edge = "edge"
+    cloud = "cloud"
+
+
+class Verify(StrEnum):
+    entropy = "entropy"
+    always = "always"
+
+
+class Uncertainty(StrEnum):
+    sum = "sum"
+    max = "max"
+    mean = "mean"
+
+
+class OnOff(StrEnum):
+    on = "on"
+    off = "off"
+
+
+_D, _P, _S, _M = "Decoding", "Prompt", "Sampling", "Models"
+
+
+def _opt(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:
+    """An option; those without a default worth showing (None: not given) hide it."""
+    kw.setdefault("show_default", False)
+    return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
+
+
+# -- models: which pair, on which device ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Models:
+    edge: str | None = None
+    cloud: str | None = None
+    device: str = "cpu"
+    edge_device: str | None = None
+    cloud_device: str | None = None
+    dtype: str = "float32"
+    cloud_timeout: float | None = None  # --cloud-timeout (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
+
+
+MODELS_PARAMS = {
+    "edge": (Annotated[str | None, _opt(help="Edge model: folder or Hub id (default: bundled demo edge).",
+                                        panel=_M)], None),
+    "cloud": (Annotated[str | None, _opt(help="Cloud model: folder or Hub id, or http://HOST:PORT of a "
+                                         "`specdec serve` (default: bundled demo cloud).", panel=_M)], None),
+    "device": (Annotated[str, _opt(help="Torch device for both models.", panel=_M, show_default=True)], "cpu"),
+    "edge_device": (Annotated[str | None, _opt(help="Torch device for the edge model (default: --device).",
+                                               panel=_M)], None),
+    "cloud_device": (Annotated[str | None, _opt(
+        help="Torch device for the cloud model (default: --device), e.g. --edge-device cpu --cloud-device cuda:0.",
+        panel=_M)], None),
+    "dtype": (Annotated[str, _opt(help="float32, bfloat16, float16 or auto.", panel=_M, show_default=True)],
+              "float32"),
+    "cloud_timeout": (Annotated[float | None, _opt(
+        "--cloud-timeout", metavar="SECONDS", help="With --cloud http://…: the most one request to the server may "
+        "take in all, connect to last byte (default: $SPECDEC_CLOUD_TIMEOUT, else 60).", panel=_M)], None),
+}
+
+# -- generation: length, prompt and sampling, for every command that decodes --------------------------
+
+GENERATION_PARAMS = {
+    "max_new_tokens": (Annotated[int | None, _opt(min=1, help="Most tokens per description (default 64).",
+                                                  panel=_D)], None),
+    "instruction": (Annotated[str | None, _opt(
+        help="The instruction the models get with the audio, replacing the default (describe rate, pitch, volume, "
+        "pauses, timbre and emotion). The one-sentence Chinese rules stay on unless --constraints off.",
+        panel=_P)], None),
+    "system": (Annotated[str | None, _opt(help="The system prompt, replacing the default 'You are a helpful "
+                                          "assistant.'.", panel=_P)], None),
+    "sample": (Annotated[bool | None, _opt("--sample/--greedy", help="Sample (lossless rejection sampling) or "
+                                           "decode greedily (default).", panel=_S)], None),
+    "seed": (Annotated[int | None, _opt(help="Random seed for --sample.", panel=_S)], None),
+    "temperature": (Annotated[float | None, _opt(
+        help="With --sample: divide the logits by this (HF's TemperatureLogitsWarper; default 1).", panel=_S)], None),
+    "top_p": (Annotated[float | None, _opt("--top-p", help="With --sample: draw from the fewest tokens holding this "
+                                           "much probability (default 1: all).", panel=_S)], None),
+    "top_k": (Annotated[int | None, _opt("--top-k", help="With --sample: draw from the k likeliest tokens "
+                                         "(default 0: all).", panel=_S)], None),
+}
+
+# -- decoding: the preset and the speculative knobs (describe, batch) ----------------------------------
+
+
+@dataclass(frozen=True)
+class Decoding:
+    preset: str
+    presets_file: Path | None
+    cloud_rtt_ms: float | None
+    given: dict[str, Any]   # the decoding settings given, with the generation ones (None: not given)
+
+
+DECODING_PARAMS = {
+    "preset": (Annotated[str, _opt(help="Preset (see `specdec presets`); settings you give override it.",
+                                   panel=_D, show_default=True)], "fluent"),
+    "mode": (Annotated[Mode | None, _opt(help="spec: edge drafts, cloud verifies; edge / cloud: one model alone.",
+                                         panel=_D)], None),
+    "verify": (Annotated[Verify | None, _opt(
+        help="entropy: only uncertain blocks go to the cloud; always: every block (lossless).", panel=_D)], None),
+    "threshold": (Annotated[float | None, _opt(
+        help="Escalate a block when its uncertainty (nats) exceeds this; 'inf' never escalates.", panel=_D)], None),
+    "k": (Annotated[int | None, _opt("--k", min=1, help="Draft block length.", panel=_D)], None),
+    "uncertainty": (Annotated[Uncertainty | None, _opt(help="How per-token entropies make a block's uncertainty.",
+                                                       panel=_D)], None),
+    "constraints": (Annotated[OnOff | None, _opt(
+        help="Sentence constraints (CJK vocabulary, punctuation spacing, loop checks); off = plain decoding.",
+        panel=_D)], None),
+    "presets_file": (Annotated[Path | None, _opt(
+        "--presets", help="A presets file (e.g. from `specdec calibrate`); its presets override the built-in ones.",
+        panel=_D)], None),
+    "cloud_rtt_ms": (Annotated[float | None, _opt(
+        min=0, help="Modelled edge-cloud round trip (ms): adds latency_modelled_s to the record (computed, never "
+        "slept).")], None),
+}
+
+
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings the user gave (None: not given); --constraints on/off as a bool."""
+    return {k: (v is OnOff.on if isinstance(v, OnOff) else v) for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Group:
+    keyword: str                                   # the parameter the command receives the object as
+    params: dict[str, tuple[Any, Any]]             # name -> (Annotated type, default)
+    build: Callable[[dict[str, Any]], Any]
+
+
+MODELS = Group("models", MODELS_PARAMS, lambda v: Models(**v))
+GENERATION = Group("generation", GENERATION_PARAMS, _given)
+DECODING = Group("decoding", {**DECODING_PARAMS, **GENERATION_PARAMS}, lambda v: Decoding(
+    v.pop("preset"), v.pop("presets_file"), v.pop("cloud_rtt_ms"), _given(v)))
+
+
+def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the groups' options to a command (after its own); it gets one object per group."""
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True)
+        names = {g.keyword for g in groups}
+        params = [p for p in own.parameters.values() if p.name not in names]
+        for group in groups:
+            params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+                       for name, (kind, default) in group.params.items()]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            for group in groups:
+                values[group.keyword] = group.build({name: values.pop(name) for name in group.params})
+            return command(**values)
+
+        run.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+    return wrap
+
+
+# Single shared options, for commands that take one of a group's options alone.
+EdgeOpt = MODELS_PARAMS["edge"][0]
+DtypeOpt = MODELS_PARAMS["dtype"][0]
+PresetsFileOpt = DECODING_PARAMS["presets_file"][0]

@@ -1,0 +1,267 @@
+"""`Pair`: a loaded edge-cloud pair and everything a run does with it. This is the library's service
+layer and the public API (`from specdec import Pair`): the CLI, `specdec serve`'s callers, the Ray
+workers, eval, calibrate and bench/ all describe clips through it.
+
+    pair = Pair()                                   # the bundled demo pair
+    result = pair.describe("clip.wav", preset="quality")
+    print(result.description, result.cloud_calls)   # every field of `specdec describe --json`
+
+A run resolves its settings once (settings.py: defaults < presets files < preset < explicit
+settings; a remote cloud's /health read once), loads the pair once (models.load_pair), describes
+clips with describe.py (one clip, or many with one fallback policy) and builds each record with
+records.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from .audio import load_audio, prepare_waveform
+from .describe import Describer, Description, Outcome, describe_many, rows_for
+from .errors import one_line
+from .fast_imports import quiet_libraries
+from .models import ModelPair, load_pair, one_thread_if_tiny, pin_threads
+from .records import clip_record, error_record
+from .settings import PairSpec, Settings, explicit
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .decoding import BlockEvent, DecodingConfig
+
+Audio = Union[str, Path, "np.ndarray"]  # noqa: UP007  (a string names numpy without importing it)
+
+
+class LowSampleRate(UserWarning):
+    """A clip recorded below the model's rate: upsampling adds no detail, and the description may
+    differ from one of the same voice recorded at the model's rate."""
+
+
+@dataclass
+class Result:
+    """One description: `record` is the record `specdec describe --json` prints (its fields are
+    also attributes: `result.description`, `result.cloud_calls`, `result.settings`…), `events` the
+    decoding's blocks in order (speculative mode; empty for edge / cloud, and for a clip that
+    failed: then `record["error"]` says why)."""
+
+    record: dict[str, Any]
+    events: list[BlockEvent] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        record = self.__dict__.get("record", {})
+        if name in record:
+            return record[name]
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}; record fields: {', '.join(record)}")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.record[key]
+
+
+class Pair:
+    """An edge and a cloud loaded once. `edge`/`cloud`: model folders or Hub ids (default: the
+    bundled demo pair; `cloud` may be http://HOST:PORT of a `specdec serve`); `device` for both, or
+    `edge_device` / `cloud_device` for each; `presets`: a presets file layered over the built-in
+    ones. One call at a time per Pair (the models' caches are per call, the settings are not)."""
+
+    def __init__(self, edge: str | None = None, cloud: str | None = None, device: str = "cpu",
+                 dtype: str = "float32", presets: str | Path | None = None, *,
+                 edge_device: str | None = None, cloud_device: str | None = None,
+                 cloud_timeout: float | None = None) -> None:
+        self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
+                               cloud_device=cloud_device, cloud_timeout=cloud_timeout))
+
+    @classmethod
+    def from_spec(cls, spec: PairSpec) -> Pair:
+        """The pair `spec` names (resolved already: a remote cloud is not asked again who it is)."""
+        pair = cls.__new__(cls)
+        pair._load(spec)
+        return pair
+
+    def _load(self, spec: PairSpec) -> None:
+        quiet_libraries()  # no weight-loading bars (SPECDEC_DEBUG=1 keeps them)
+        self.spec = spec
+        self.models: ModelPair = load_pair(spec.edge, spec.cloud, spec.device, spec.dtype,
+                                           edge_device=spec.edge_device, cloud_device=spec.cloud_device,
+                                           cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout)
+        one_thread_if_tiny(self.models)
+        self.describer = Describer(self.models)
+        self._resolved: dict[tuple, Settings] = {}
+
+    # -- settings ---------------------------------------------------------------------------------
+
+    def resolve(self, preset: str = "fluent", rtt_ms: float | None = None, **settings: Any) -> Settings:
+        """This pair's settings for a call: the decoding config, the preset its records show and
+        the settings they carry (defaults < presets files < preset < `settings`)."""
+        key = (preset, rtt_ms, tuple(sorted(settings.items())))
+        if key not in self._resolved:
+            self._resolved[key] = self.spec.settings(preset, explicit(**settings), rtt_ms)
+        return self._resolved[key]
+
+    def settings(self, preset: str = "fluent", **settings: Any) -> DecodingConfig:
+        """The decoding config a call with these arguments uses (defaults < preset < `settings`,
+        any `DecodingConfig` field: mode, k, threshold, sample, seed, temperature, top_p, top_k,
+        instruction, system, max_new_tokens, constraints…)."""
+        return self.resolve(preset, **settings).cfg
+
+    # -- clips ------------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self.models.tokenizer
+
+    def text(self, token_ids: list[int]) -> str:
+        """Token ids (a block's draft, an answer) as text."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def read(self, audio: Audio, rate: int | None = None, data: bytes | None = None) -> tuple[str, np.ndarray]:
+        """A clip's name and its samples as the models hear them: a file (its `data` when read
+        elsewhere), or a waveform ([frames] or [frames, channels] floats) at `rate`. Warns
+        (LowSampleRate) when the clip is below the models' rate."""
+        p = self.models.processor
+        if isinstance(audio, (str, Path)):
+            if rate is not None:
+                raise ValueError("rate is for waveforms; a file says its own rate")
+            samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data)
+            self._check_rate(str(audio), _file_rate(Path(audio), data))
+            return str(audio), samples
+        if rate is None:
+            raise ValueError("a waveform needs its sampling rate: describe(samples, rate=...)")
+        samples = prepare_waveform(audio, rate, p.sampling_rate, p.max_seconds)
+        self._check_rate("<waveform>", rate)
+        return "<waveform>", samples
+
+    def _check_rate(self, name: str, rate: int | None) -> None:
+        model_rate = self.models.processor.sampling_rate
+        if rate is not None and rate < model_rate:
+            warnings.warn(LowSampleRate(f"{name} is recorded at {rate} Hz, below the models' {model_rate} Hz: "
+                                        "it is upsampled, which adds no detail, and the description may "
+                                        "differ from a recording at the full rate"), stacklevel=3)
+
+    # -- describing -------------------------------------------------------------------------------
+
+    def describe(self, audio: Audio, rate: int | None = None, preset: str = "fluent",
+                 on_block: Callable[[BlockEvent], None] | None = None, *, resolved: Settings | None = None,
+                 **settings: Any) -> Result:
+        """Describe one clip: a file path, or a waveform ([frames] or [frames, channels] floats)
+        with its `rate`. `on_block(event)` is called as each block is decided. `resolved`: settings
+        from `resolve()` (then `preset` and `settings` are not read)."""
+        run = resolved or self.resolve(preset, **settings)
+        name, samples = self.read(audio, rate)
+        desc = self.describer.run(samples, run.cfg, on_block=on_block)
+        return self._result(run, name, samples, desc)
+
+    def _result(self, run: Settings, name: str, samples: np.ndarray, desc: Description) -> Result:
+        return Result(clip_record(self.models, run, name, samples, desc), list(desc.result.events),
+                      list(desc.result.tokens))
+
+    def describe_many(self, clips: Iterable[str | Path], resolved: Settings | None = None, batch_size: int = 1,
+                      read: Callable[[Path], bytes] | None = None, preset: str = "fluent",
+                      **settings: Any) -> Iterator[tuple[Path, Result]]:
+        """Describe clip files, `batch_size` decoded together where this run can batch; yields
+        (clip, Result) as each ends, in any order, each clip once. A clip that fails does not stop
+        the others: its Result holds its error record (`result.error` says why). `read(path)`: the
+        clip's bytes, read elsewhere (a Ray worker given them by its driver)."""
+        run = resolved or self.resolve(preset, **settings)
+
+        def reader(path: Path) -> Callable[[], np.ndarray]:
+            return lambda: self.read(path, data=read(path) if read is not None else None)[1]
+
+        paths = [Path(c) for c in clips]
+        for outcome in describe_many(self.describer, ((p, reader(p)) for p in paths), run.cfg, batch_size):
+            yield outcome.key, self._outcome(run, outcome)
+
+    def _outcome(self, run: Settings, outcome: Outcome[Path]) -> Result:
+        if outcome.error is not None or outcome.description is None or outcome.audio is None:
+            return Result(self.error_record(outcome.key, run, one_line(outcome.error or RuntimeError("no result"))))
+        return self._result(run, str(outcome.key), outcome.audio, outcome.description)
+
+    def error_record(self, file: str | Path, resolved: Settings, message: str) -> dict[str, Any]:
+        """The record of a clip that failed, with everything this run's records carry."""
+        return error_record(self.models, resolved, str(file), message)
+
+    def rows(self, resolved: Settings, batch_size: int) -> int:
+        """How many clips this run decodes together at `batch_size` (1 where it cannot batch:
+        sampled edge-only or cloud-only, a remote cloud)."""
+        return rows_for(self.models, resolved.cfg, batch_size)
+
+    def stream(self, audio: Audio, rate: int | None = None, preset: str = "fluent", **settings: Any) -> Stream:
+        """`describe`, as an iterator over the blocks as they are decided; the Result is
+        `stream.result` once the iteration ends."""
+        return Stream(self, audio, rate, preset, settings)
+
+
+def _file_rate(path: Path, data: bytes | None) -> int | None:
+    """The rate a readable clip's header states (read again: load_audio keeps it to itself)."""
+    import io
+
+    import soundfile as sf
+
+    try:
+        return int(sf.info(io.BytesIO(data) if data is not None else str(path)).samplerate)
+    except Exception:  # it was just read; whatever this is, the warning is not worth an error
+        return None
+
+
+class Stream:
+    """Iterates the BlockEvents of one description while it decodes (in a worker thread: the loop
+    reports blocks through a callback); errors are raised here, in the caller's thread."""
+
+    _DONE = object()
+
+    def __init__(self, pair: Pair, audio: Audio, rate: int | None, preset: str, settings: dict[str, Any]) -> None:
+        self.result: Result | None = None
+        self._queue: queue.Queue = queue.Queue()
+        pair.resolve(preset, **settings)  # a bad setting fails here, before any thread starts
+
+        def work() -> None:
+            try:
+                self.result = pair.describe(audio, rate, preset, on_block=self._queue.put, **settings)
+                self._queue.put(self._DONE)
+            except BaseException as exc:  # handed to the consumer's thread
+                self._queue.put(exc)
+
+        self._thread = threading.Thread(target=work, name="specdec-describe", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[BlockEvent]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                self._thread.join()
+                return
+            if isinstance(item, BaseException):
+                self._thread.join()
+                raise item
+            yield item
+
+
+class BatchWorker:
+    """What a Ray worker holds (scale/ray_batch.py): a Pair loaded from the driver's spec and the
+    settings the driver resolved, so every worker decodes exactly as the driver would (and never
+    re-reads a presets file its node may lack). Built in the worker process from a pickled
+    `functools.partial(BatchWorker, spec, settings, threads)`; `threads`: the driver's --threads."""
+
+    def __init__(self, spec: PairSpec, resolved: Settings, threads: int | None = None) -> None:
+        quiet_libraries()
+        if threads is not None:
+            pin_threads(threads)
+        self.pair, self.resolved = Pair.from_spec(spec), resolved
+
+    def rows(self, batch_size: int) -> int:
+        return self.pair.rows(self.resolved, batch_size)
+
+    def describe(self, files: list[str], read: Callable[[Path], bytes] | None,
+                 batch_size: int) -> list[tuple[str, dict[str, Any]]]:
+        """Each clip's record (its error record when it failed), in the order they ended."""
+        return [(str(path), result.record)
+                for path, result in self.pair.describe_many(files, self.resolved, batch_size, read)]
+
+    def error_record(self, file: str, message: str) -> dict[str, Any]:
+        return self.pair.error_record(file, self.resolved, message)

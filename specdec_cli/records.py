@@ -1,0 +1,107 @@
+"""The result record of one clip (the `--json` output, one line of a batch, one row of eval), in
+strict JSON. Field by field: docs/demo-spec.md.
+
+`clip_record` and `error_record` are the one place a described (or failed) clip becomes a record:
+the CLI, the API, batch, the Ray workers all build theirs here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .metrics import punct_density, repeat_rate
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .decoding.config import DecodingConfig
+    from .decoding.loop import DecodeResult
+    from .describe import Description
+    from .models import ModelPair
+    from .settings import Settings
+
+RECORD_FIELDS = (
+    "file", "description", "mode", "preset", "threshold", "k", "verify", "tokens", "drafted_tokens",
+    "accepted_tokens", "acceptance_rate", "cloud_calls", "cloud_call_rate", "cloud_tokens",
+    "punct_density", "repeat_rate", "latency_s", "error",
+)
+
+
+def build_record(file: str, text: str | None, result: DecodeResult | None, cfg: DecodingConfig,
+                 preset: str | None, latency_s: float | None, error: str | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """One result record (the --json output and one batch line). Stable field names first,
+    extras after."""
+    s = result.stats if result is not None else None
+    spec = cfg.mode == "spec"
+    tokens = s.tokens if s else None
+    record: dict[str, Any] = {
+        "file": file,
+        "description": text,
+        "mode": cfg.mode,
+        "preset": preset,
+        "threshold": (cfg.threshold if cfg.threshold != float("inf") else "inf") if spec else None,
+        "k": cfg.k if spec else None,
+        "verify": cfg.verify if spec else None,
+        "tokens": tokens,
+        "drafted_tokens": s.drafted_tokens if s and spec else None,
+        "accepted_tokens": s.accepted_tokens if s and spec else None,
+        "acceptance_rate": s.acceptance_rate if s and spec else None,
+        "cloud_calls": s.cloud_calls if s else None,
+        "cloud_call_rate": (s.cloud_calls / tokens if tokens else 0.0) if s else None,
+        "cloud_tokens": s.cloud_tokens if s else None,
+        "punct_density": punct_density(text) if text is not None else None,
+        "repeat_rate": repeat_rate(text) if text is not None else None,
+        "latency_s": latency_s,
+        "error": error,
+    }
+    if s is not None:
+        record["edge_forwards"] = s.edge_forwards
+        record["tokens_per_s"] = (tokens / latency_s) if latency_s else None
+        record["escalations"] = s.escalations if spec else None
+        # All the cloud's work for the clip (cloud_calls/cloud_tokens count only what follows the
+        # prompt): its prefill tokens (0 when it never ran), those plus the tokens fed after, and
+        # every cloud forward, the prefill included.
+        record["cloud_prefill_tokens"] = s.cloud_prefill_tokens
+        record["cloud_work_tokens"] = s.cloud_work_tokens
+        record["cloud_work_forwards"] = s.cloud_work_forwards
+    record.update(extra)
+    return record
+
+
+def modelled_latency(latency_s: float, mode: str, cloud_calls: int, rtt_ms: float) -> float:
+    """Latency an edge device on a real network would see: `rtt_ms` per cloud call for spec modes
+    (the edge waits for each verdict), once per clip for cloud-only (upload, then stream back),
+    nothing for edge-only. Computed, never slept."""
+    if mode == "spec":
+        return latency_s + cloud_calls * rtt_ms / 1000.0
+    if mode == "cloud":
+        return latency_s + rtt_ms / 1000.0
+    return latency_s
+
+
+def _context(pair: ModelPair, settings: Settings) -> dict[str, Any]:
+    """What every record of a run carries after the stable fields: the models and the settings."""
+    return {"edge": pair.edge_id, "cloud": pair.cloud_id, "settings": settings.run.as_record()}
+
+
+def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarray,
+                desc: Description) -> dict[str, Any]:
+    """The record of one described clip: `file` as the caller names it, `audio` its samples at the
+    model's rate, `desc` what describe.Describer made of it."""
+    extra = _context(pair, settings)
+    extra["audio_s"] = round(len(audio) / pair.processor.sampling_rate, 3)
+    if pair.remote is not None and desc.link is not None:
+        # Counted at this end of the link: bytes up and down, round trips, time waiting.
+        extra.update(desc.link.as_record(), cloud_url=pair.remote.url)
+    cfg = settings.cfg
+    if settings.rtt_ms is not None:
+        extra["cloud_rtt_ms"] = settings.rtt_ms
+        extra["latency_modelled_s"] = modelled_latency(desc.latency_s, cfg.mode, desc.result.stats.cloud_calls,
+                                                       settings.rtt_ms)
+    return build_record(file, desc.text, desc.result, cfg, settings.preset, desc.latency_s, None, **extra)
+
+
+def error_record(pair: ModelPair, settings: Settings, file: str, message: str) -> dict[str, Any]:
+    """The record of a clip that failed: `error` says why; a batch retries it on resume."""
+    return build_record(file, None, None, settings.cfg, settings.preset, None, message, **_context(pair, settings))

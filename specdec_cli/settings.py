@@ -1,0 +1,245 @@
+"""Settings, resolved once per run: built-in defaults < presets files (configs/, the edge folder's,
+--presets) < the preset < explicit settings. All without loading a model, so a bad setting, an
+unknown preset or a results file made otherwise is refused before the load is paid for; a remote
+cloud's /health is read here, once per run, and handed to the loader.
+
+`PairSpec`: which pair a run uses, where, and which presets files it reads. `Settings`: what one
+run decodes with (`cfg`), the preset name its records show and `RunSettings`, the settings every
+record carries (`settings`), so a batch resumes a clip only when it was described the way this run
+would describe it.
+
+Only what can change the sentence is kept in RunSettings, and only where it can: the speculative
+knobs (preset, threshold, k, verify, uncertainty) are blanked for edge-only and cloud-only runs,
+and seed, temperature, top_p and top_k for greedy ones; instruction and system are blank for the
+default prompt. The specdec version stands for everything the flags do not show (the decoding
+rules, the constraint knobs); records from specdec 0.1 carry no settings at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .checkpoints import check_model, dtype_name, model_id
+from .decoding.config import DecodingConfig
+from .errors import InputError
+from .models import is_url, presets_file_for, remote_client, with_demo
+from .presets import Preset, check_presets_file, resolve
+from .strict_json import json_safe
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    mode: str
+    preset: str | None
+    threshold: float | None
+    k: int | None
+    verify: str | None
+    uncertainty: str | None
+    constraints: bool
+    max_new_tokens: int
+    sample: bool
+    seed: int | None
+    temperature: float | None
+    edge: str
+    cloud: str
+    dtype: str
+    version: str
+    # A remote cloud (--cloud URL) is known by the model its server reports and a fingerprint of
+    # its weights, so resuming compares models, not addresses; None for an in-process cloud.
+    cloud_weights: str | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    instruction: str | None = None
+    system: str | None = None
+
+    @classmethod
+    def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str,
+           cloud_weights: str | None = None) -> RunSettings:
+        """`edge` and `cloud` as load_pair gets them (a folder or a Hub id; for a remote cloud the
+        model its server reports, with `cloud_weights`)."""
+        spec = cfg.mode == "spec"
+        return cls(
+            mode=cfg.mode,
+            preset=preset if spec else None,
+            threshold=float(cfg.threshold) if spec else None,
+            k=cfg.k if spec else None,
+            verify=cfg.verify if spec else None,
+            uncertainty=cfg.uncertainty if spec else None,
+            constraints=cfg.constraints,
+            max_new_tokens=cfg.max_new_tokens,
+            sample=cfg.sample,
+            seed=cfg.seed if cfg.sample else None,
+            temperature=float(cfg.temperature) if cfg.sample else None,
+            edge=model_id(edge),
+            cloud=model_id(cloud),
+            dtype=dtype_name(dtype),  # fp32 and float32 load the same weights
+            version=__version__,
+            cloud_weights=cloud_weights,
+            top_p=float(cfg.top_p) if cfg.sample else None,
+            top_k=cfg.top_k if cfg.sample else None,
+            instruction=cfg.instruction,
+            system=cfg.system,
+        )
+
+    def as_record(self) -> dict[str, Any]:
+        """The `settings` field of a record (strict JSON: an infinite threshold is "inf")."""
+        return json_safe(asdict(self))
+
+
+# How each setting reads in a sentence; None is a setting that does not apply (or the default).
+_WORDS: dict[str, tuple[str, str]] = {   # key -> (with a value: "{}" is the value, without one)
+    "mode": ("mode {}", "no mode"),
+    "preset": ("preset {}", "no preset"),
+    "threshold": ("threshold {}", "no threshold"),
+    "k": ("blocks of k {} tokens", "no draft blocks"),
+    "verify": ("verify {}", "no verification"),
+    "uncertainty": ("uncertainty {}", "no uncertainty gate"),
+    "constraints": ("constraints {}", "no constraints setting"),
+    "max_new_tokens": ("at most {} tokens", "no token limit recorded"),
+    "sample": ("sampling {}", "no sampling setting"),
+    "seed": ("seed {}", "no seed (greedy)"),
+    "temperature": ("temperature {}", "no temperature (greedy)"),
+    "top_p": ("top-p {}", "no top-p (greedy)"),
+    "top_k": ("top-k {}", "no top-k (greedy)"),
+    "edge": ("edge {}", "no edge recorded"),
+    "cloud": ("cloud {}", "no cloud recorded"),
+    "dtype": ("dtype {}", "no dtype recorded"),
+    "version": ("specdec {}", "no specdec version recorded"),
+    "cloud_weights": ("a remote cloud whose weights are {}", "an in-process cloud"),
+    "instruction": ("the instruction {!r}", "the default instruction"),
+    "system": ("the system prompt {!r}", "the default system prompt"),
+}
+
+
+def in_words(key: str, value: Any) -> str:
+    """One setting as a reader says it: 'preset quality', 'an in-process cloud', 'no seed (greedy)'."""
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    with_value, without = _WORDS.get(key, (f"{key} {{}}", f"no {key}"))
+    return without if value is None else with_value.format(value)
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> str:
+    """What made a record and what this run has, in words, for the settings that differ:
+    'made with mode cloud, no preset (one model alone); this run has mode spec, preset quality'."""
+    keys = list(current) + [k for k in recorded if k not in current]
+    # A setting one side lacks differs even when the other side's value is null (a field a newer
+    # version added): listed, so the refusal never names no difference.
+    differ = [k for k in keys if recorded.get(k) != current.get(k) or (k in recorded) != (k in current)]
+    made = ", ".join(in_words(k, recorded.get(k)) for k in differ)
+    has = ", ".join(in_words(k, current.get(k)) for k in differ)
+    return f"made with {made}; this run has {has}"
+
+
+# -- explicit settings ------------------------------------------------------------------------------
+
+def explicit(**given: Any) -> dict[str, Any]:
+    """The settings actually given (None: not given), enums as their values, checked now (a preset
+    cannot make a bad setting good): InputError before any model loads."""
+    overrides = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        overrides[name] = value.value if isinstance(value, Enum) else value
+    decoding_config(Preset("defaults", {}, "built-in"), overrides)
+    return overrides
+
+
+def decoding_config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig:
+    """Built-in defaults < preset < explicit settings."""
+    try:
+        cfg = DecodingConfig().with_(**preset.values)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"preset {preset.name!r} from {preset.source} is invalid: {exc}") from exc
+    try:
+        return cfg.with_(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"bad decoding option: {exc}") from exc
+
+
+# -- one run ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run decodes with, and what its records say about it."""
+
+    cfg: DecodingConfig
+    preset: str | None      # the preset name records show (None outside the speculative mode)
+    run: RunSettings        # every record's `settings`
+    rtt_ms: float | None = None  # a modelled round trip: adds latency_modelled_s to records
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which pair a run uses and where, found without loading a model: model folders and Hub ids
+    as given (the bundled demo pair for any not given), devices, dtype, the presets files read
+    (the edge folder's, then --presets) and, for a remote cloud, its /health as read once. Plain
+    data: it pickles, so Ray workers load and decode exactly what the driver resolved."""
+
+    edge: str | None           # None: the bundled demo model (each process its own copy)
+    cloud: str | None
+    device: str = "cpu"
+    dtype: str = "float32"
+    edge_device: str | None = None
+    cloud_device: str | None = None
+    presets_files: tuple[Path, ...] = ()
+    cloud_info: dict[str, Any] | None = field(default=None, compare=False)
+    cloud_timeout: float | None = None  # each request's total deadline (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
+
+    @classmethod
+    def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
+           presets: str | Path | None = None, *, edge_device: str | None = None,
+           cloud_device: str | None = None, cloud_timeout: float | None = None) -> PairSpec:
+        """Check what can be checked without loading (the dtype, the presets file, the model
+        folders) and ask a remote cloud who it is (CloudUnreachable, exit 2, when it is down)."""
+        dtype_name(dtype)
+        if cloud_timeout is not None:
+            from .remote.exchange import cloud_timeout as checked_timeout
+
+            checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
+        presets_file = check_presets_file(Path(presets) if presets is not None else None)
+        files = tuple(f for f in (presets_file_for(edge), presets_file) if f is not None)
+        edge_ref, cloud_ref = with_demo(edge, cloud)
+        check_model(edge_ref, "edge")
+        info = None
+        if is_url(cloud_ref):
+            client = remote_client(cloud_ref, timeout_s=cloud_timeout)
+            client.close()
+            info = client.info
+        else:
+            check_model(cloud_ref, "cloud")
+        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout)
+
+    @property
+    def remote(self) -> bool:
+        return self.cloud_info is not None
+
+    def portable(self) -> PairSpec:
+        """The same spec for another process: model folders by absolute path (a worker's current
+        directory need not be ours); Hub ids and a cloud URL as given; the bundled demo pair stays
+        None (each worker's own copy)."""
+        from dataclasses import replace
+
+        def absolute(ref: str | None) -> str | None:
+            return model_id(ref) if ref is not None and not is_url(ref) else ref
+
+        return replace(self, edge=absolute(self.edge), cloud=absolute(self.cloud))
+
+    def settings(self, preset: str = "fluent", overrides: dict[str, Any] | None = None,
+                 rtt_ms: float | None = None) -> Settings:
+        """This pair's settings under `preset` and `overrides` (see `explicit`)."""
+        chosen = resolve(preset, list(self.presets_files))
+        cfg = decoding_config(chosen, overrides or {})
+        name = chosen.name if cfg.mode == "spec" else None
+        edge, cloud = with_demo(self.edge, self.cloud)
+        if self.cloud_info is not None:
+            info = self.cloud_info  # as RemoteClient.model_id and .fingerprint read it
+            run = RunSettings.of(cfg, name, edge, str(info.get("model", cloud.rstrip("/"))), self.dtype,
+                                 str(info.get("fingerprint", "")))
+        else:
+            run = RunSettings.of(cfg, name, edge, cloud, self.dtype)
+        return Settings(cfg, name, run, rtt_ms)
