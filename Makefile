@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with Python >= 3.11:
 #   make demo   install, then describe a bundled sample with the bundled demo pair
 #   make test   install, then run the test suite
+# and `make docs` builds the guide (README.md's links, docs/) into site/.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install speech demo test lint bench presets mutate clean
+.PHONY: install speech demo test lint docs bench presets mutate clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +37,16 @@ test: install speech
 lint: install
 	$(BIN)/ruff check .
 
+# The guide: MkDocs with the Material theme, the API reference from docstrings (mkdocstrings),
+# built strictly (a broken link, anchor or reference fails it). Its own stamp: the docs tools come
+# with the `docs` extra, which `dev` includes, so this installs them where `install` did not.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/python bench/run.py --json
 
@@ -50,7 +61,7 @@ presets:  # after `make install`
 		--out specdec_cli/demo/models/edge/specdec_presets.toml
 	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
-# Mutation testing (README "Tests"): mutmut over batch.py, writer_lock.py, audio.py and
+# Mutation testing (docs/testing.md): mutmut over batch.py, writer_lock.py, audio.py and
 # decoding/{acceptance,state}.py against their own tests ([tool.mutmut] in pyproject.toml), from
 # scratch, niced, MUTATE_JOBS workers (default 1: the machine is shared). Not part of `make test`.
 # Prints the mutants that were not killed, then the counts.
@@ -65,4 +76,4 @@ mutate: install
 	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json && echo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants site
