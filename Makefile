@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with Python >= 3.11:
 #   make demo   install what describing needs, then describe a bundled sample with the demo pair
 #   make test   install that and the developer's tools, then run the test suite
+# and `make docs` builds the guide (README.md's links, docs/) into site/.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install dev speech demo test lint bench presets mutate clean
+.PHONY: install dev speech demo test lint docs bench presets mutate clean
 
 install: $(VENV)/.installed
 
@@ -50,6 +51,16 @@ lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+# The guide: MkDocs with the Material theme, the API reference from docstrings (mkdocstrings),
+# built strictly (a broken link, anchor or reference fails it). Its own stamp: the docs tools come
+# with the `docs` extra, which `test` (and so `dev`) includes, so this installs them where `install` did not.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PIP_EDITABLE) '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: dev
 	$(BIN)/python bench/run.py --json
 
@@ -64,7 +75,7 @@ presets:  # after `make install`
 		--out specdec_cli/demo/models/edge/specdec_presets.toml
 	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
-# Mutation testing (README "Tests"): mutmut over results.py, writer_lock.py, audio.py and
+# Mutation testing (docs/testing.md): mutmut over results.py, writer_lock.py, audio.py and
 # decoding/{acceptance,state}.py against their own tests ([tool.mutmut] in pyproject.toml), from
 # scratch, niced, MUTATE_JOBS workers (default 1: the machine is shared). Not part of `make test`.
 # Prints the mutants that were not killed, then the counts.
@@ -79,4 +90,4 @@ mutate: dev
 	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json && echo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants site
