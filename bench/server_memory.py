@@ -94,7 +94,7 @@ def main() -> None:
             for i, sid in enumerate(ids):
                 r = clients[i % args.concurrency].delete(f"/v1/sessions/{sid}")
                 assert r.status_code in (200, 404), r.text  # 404: the verdict ended the clip already
-            time.sleep(0.5)
+            time.sleep(2.5)  # the server gives freed memory back 1 s after the last session ends
             row = {"round": rnd + 1, "rss_open_mb": round(open_rss, 1),
                    "rss_closed_mb": round(proc_kb(pid, "VmRSS") / 1024, 1),
                    "hwm_mb": round(proc_kb(pid, "VmHWM") / 1024, 1),

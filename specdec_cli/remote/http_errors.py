@@ -12,8 +12,8 @@ and swallows the exception once it has answered, so the response goes out and th
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -38,36 +38,34 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 class OnceLog:
     """Logs an exception with its traceback the first time its place (type and innermost frame)
-    is seen; after that one line per `quiet_s` at most, with how many there were: a client that
-    can trigger a bug cannot flood the log with it."""
+    is seen, and as one line after that (the logger's RepeatFilter keeps even those to one per
+    message per 10 s): a client that can trigger a bug cannot flood the log with it."""
 
-    def __init__(self, logger: logging.Logger = log, quiet_s: float = 60.0) -> None:
-        self.logger, self.quiet_s = logger, quiet_s
-        self._seen: dict[tuple[str, str, int], list[float]] = {}  # place -> [last line at, repeats since]
+    def __init__(self, logger: logging.Logger = log) -> None:
+        self.logger = logger
+        self._seen: set[tuple[str, str, int]] = set()
 
     def __call__(self, what: str, exc: BaseException) -> None:
         frames = traceback.extract_tb(exc.__traceback__)
-        last = frames[-1] if frames else None
-        place = (type(exc).__name__, last.filename if last else "", last.lineno or 0 if last else 0)
-        now = time.monotonic()
-        seen = self._seen.get(place)
-        if seen is None:
-            self._seen[place] = [now, 0]
-            self.logger.error("%s: %s", what, type(exc).__name__, exc_info=exc)
+        place = (type(exc).__name__, frames[-1].filename if frames else "", (frames[-1].lineno or 0) if frames else 0)
+        if place in self._seen:
+            self.logger.error("%s: %s again (its traceback is above)", what, type(exc).__name__)
             return
-        seen[1] += 1
-        if now - seen[0] >= self.quiet_s:
-            self.logger.error("%s: %s again (%d times since it was last logged; traceback above)",
-                              what, type(exc).__name__, seen[1])
-            seen[0], seen[1] = now, 0
+        self._seen.add(place)
+        self.logger.error("%s: %s", what, type(exc).__name__, exc_info=exc)
 
 
 class CrashGuard:
     """ASGI middleware: an exception no handler answered becomes a one-line 500 (the exception's
-    type only, never its text), reported to `on_crash` once per request; the exception stops here."""
+    type only, never its text), reported to `on_crash` once per request; the exception stops here.
 
-    def __init__(self, app: Any, on_crash: Callable[[BaseException], None]) -> None:
-        self.app, self.on_crash = app, on_crash
+    And a request still running when a stopping server's grace period is over (uvicorn cancels it:
+    a body that never came, or model work that took longer) is answered 503 "stopping" instead of
+    ending in a CancelledError traceback in the log."""
+
+    def __init__(self, app: Any, on_crash: Callable[[BaseException], None],
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.app, self.on_crash, self.stopping = app, on_crash, stopping
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -81,6 +79,13 @@ class CrashGuard:
             await send(message)
         try:
             await self.app(scope, receive, tracking)
+        except asyncio.CancelledError:
+            if not self.stopping():
+                raise
+            if not started:
+                response = error_response(503, "stopping", "the server stopped before this request was done; "
+                                                           "retry when it is back", {"Connection": "close"})
+                await response(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - the point: log it once and answer, never re-raise
             self.on_crash(exc)
             if not started:

@@ -223,14 +223,14 @@ class RepeatFilter(logging.Filter):
         self._last: dict[str, list[float]] = {}  # message -> [logged at, held back since]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = str(record.msg)
+        key = record.getMessage()
         now = time.monotonic()
         seen = self._last.get(key)
         if seen is not None and now - seen[0] < self.quiet_s:
             seen[1] += 1
             return False
         if seen is not None and seen[1]:
-            record.msg = f"{record.msg} (and {int(seen[1])} more like it in {self.quiet_s:g} s)"
+            record.msg, record.args = f"{key} (and {int(seen[1])} more like it in {self.quiet_s:g} s)", None
         self._last[key] = [now, 0]
         return True
 

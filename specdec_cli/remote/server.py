@@ -562,8 +562,11 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             memory.cancel()
 
     # CrashGuard inside Starlette's ServerErrorMiddleware: http_errors.py says why.
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(CrashGuard, on_crash=on_crash)],
+    stopping = threading.Event()  # set by serve() when a signal stops the server
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(CrashGuard, on_crash=on_crash, stopping=stopping.is_set)],
                     exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
+    app.state.stopping = stopping
     app.state.sessions = sessions
     app.state.metrics = metrics
     app.state.memory = memory
@@ -636,6 +639,10 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
                     yield
                 finally:
                     self._captured_signals.clear()
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            app.state.stopping.set()
+            await super().shutdown(sockets)
 
         async def startup(self, sockets: Any = None) -> None:
             limits.quiet_accept_errors(asyncio.get_running_loop())
