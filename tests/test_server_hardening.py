@@ -181,9 +181,10 @@ def test_flac_bombs_are_refused_before_they_are_decoded(server, clip, tmp_path):
         for what, data in bombs.items():
             body = opening(clip) | {"clip": {**msgspec.structs.asdict(clip), "audio": data, "codec": "flac"}}
             response = http.post("/v1/verify", content=msgspec.msgpack.encode(body), headers=MP)
+            grew = server.rss_kb("VmHWM") - peak
+            assert grew < 100 * 1024, f"{what}: refusing the clip raised the server's peak memory by {grew // 1024} MB"
             assert response.status_code == 413, (what, response.text)
             assert "480000" in one_line_4xx(response)["error"], what
-    assert server.rss_kb("VmHWM") - peak < 100 * 1024, "decoding a refused clip raised the server's peak memory"
 
 
 def streamed(flac: bytes) -> bytes:
@@ -301,26 +302,30 @@ def batch_sizes(server: Server) -> tuple[float, float]:
 
 
 def test_another_tenants_bad_settings_do_not_fail_my_batch(token_file, tmp_path, clip):
-    """Issue 25 (high), end to end: while token A sends settings that broke the batched forward
-    (temperature 1e-300 or NaN with sampling), token B's `specdec batch samples --cloud` records
-    9 of 9 clips (it recorded 9 of 9 failed). A gets 4xx, never 5xx."""
+    """Issue 25 (high), end to end: while token A (four threads) sends settings that broke the
+    batched forward (temperature 1e-300 or NaN with sampling), token B's `specdec batch samples
+    --cloud` records 9 of 9 clips (it recorded 9 of 9 failed). A gets 4xx, never 5xx."""
     statuses: list[int] = []
     done = threading.Event()
     sampling = {"p_draft": [0.5], "u": [0.5], "u_last": 0.5}
     bodies = [msgspec.msgpack.encode(opening(clip, sample=True, temperature=t) | {"sampling": sampling})
               for t in (1e-300, float("nan"))]
-    with Server("--token-file", str(token_file), "--batch-window-ms", "60") as s:
-        def attack() -> None:
-            with httpx.Client(base_url=s.url, headers=auth(0), timeout=120) as http:
-                for n in range(2000):
-                    if done.is_set():
-                        return
-                    r = http.post("/v1/verify", content=bodies[n % 2], headers=MP)
-                    statuses.append(r.status_code)
-                    if r.status_code == 200:
-                        http.delete(f"/v1/sessions/{msgspec.msgpack.decode(r.content)['session']}")
-        attacker = threading.Thread(target=attack)
-        attacker.start()
+    with Server("--token-file", str(token_file), "--batch-window-ms", "60", log=tmp_path / "serve.log") as s:
+        def attack(n0: int) -> None:
+            for n in range(n0, n0 + 1000):  # bounded; stops when the batch is done
+                if done.is_set():
+                    return
+                try:  # a connection of its own each time (a 500 used to drop it)
+                    r = httpx.post(f"{s.url}/v1/verify", content=bodies[n % 2], headers={**MP, **auth(0)}, timeout=120)
+                except httpx.HTTPError:
+                    statuses.append(-1)
+                    continue
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    httpx.delete(f"{s.url}/v1/sessions/{msgspec.msgpack.decode(r.content)['session']}", headers=auth(0))
+        attackers = [threading.Thread(target=attack, args=(n,)) for n in range(4)]
+        for a in attackers:
+            a.start()
         try:
             out = tmp_path / "r.jsonl"
             env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECDEC_TOKEN": TOKENS[1]}
@@ -329,9 +334,10 @@ def test_another_tenants_bad_settings_do_not_fail_my_batch(token_file, tmp_path,
                                  cwd=ROOT, timeout=600)
         finally:
             done.set()
-            attacker.join(timeout=120)
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+            for a in attackers:
+                a.join(timeout=120)
     assert run.returncode == 0, run.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 9 and all(r["error"] is None for r in records)
     assert statuses and all(400 <= code < 500 for code in statuses), sorted(set(statuses))
 
@@ -468,33 +474,30 @@ def test_the_session_table_refuses_a_token_whose_sessions_are_all_busy():
 
 def test_memory_of_closed_sessions_goes_back_to_the_system(pair):
     """Issue 25 (medium): RSS grew round after round of sessions opened and closed (1.76 -> 2.34 ->
-    2.57 -> 2.72 GB) and never came back: the freed pages stayed in glibc's arenas. Now most of what
-    16 sessions with 30 s clips took is given back once they are closed (bench/server_memory.py
-    measures the rounds)."""
+    2.57 -> 2.72 GB) and never came back: the freed pages stayed in glibc's arenas. Now, once 24
+    sessions with 30 s clips are closed, most of what they took is given back (a bounded wait, no
+    timing asserted; bench/server_memory.py measures the rounds)."""
     base = np.resize(np.concatenate([load_audio(p, 16000, 30.0) for p in SAMPLES]), 30 * 16000)
-    clips = [clip_of(pair, np.roll(base, 977 * i).astype(np.float32)) for i in range(16)]
+    bodies = [msgspec.msgpack.encode(opening(clip_of(pair, np.roll(base, 977 * i).astype(np.float32)))
+                                     | {"draft": [5, 6, 7, 8]}) for i in range(24)]
     with Server("--max-sessions", "32") as s, httpx.Client(base_url=s.url, timeout=300) as http:
-        def round_trip() -> tuple[int, int]:
-            ids = []
-            for c in clips:
-                r = http.post("/v1/verify", content=msgspec.msgpack.encode(opening(c, k=4) | {"draft": [5, 6, 7, 8]}),
-                              headers=MP)
-                assert r.status_code == 200, r.text
-                ids.append(msgspec.msgpack.decode(r.content)["session"])
-            held = s.rss_kb()
-            for sid in ids:
-                http.delete(f"/v1/sessions/{sid}")
-            return held, s.rss_kb()
-
-        round_trip()  # warm-up: what the first sessions allocate once (thread pools, caches) stays
-        time.sleep(2)
+        http.get("/health")
         start = s.rss_kb()
-        held, _ = round_trip()
-        assert held - start > 50 * 1024, "16 sessions with 30 s clips should take some memory"
+        ids = []
+        for body in bodies:
+            r = http.post("/v1/verify", content=body, headers=MP)
+            assert r.status_code == 200, r.text
+            ids.append(msgspec.msgpack.decode(r.content)["session"])
+        held = s.rss_kb()
+        assert held - start > 100 * 1024, (start, held)  # the sessions took memory
+        for sid in ids:
+            assert http.delete(f"/v1/sessions/{sid}").status_code == 200
         deadline = time.monotonic() + 60
         while s.rss_kb() - start > (held - start) / 2 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert s.rss_kb() - start <= (held - start) / 2, (start, held, s.rss_kb())
+        now = s.rss_kb()
+    assert now - start <= (held - start) / 2, f"RSS {start // 1024} MB at start, {held // 1024} MB with 24 sessions, " \
+                                              f"{now // 1024} MB 60 s after closing them"
 
 
 # -- 7. the low items --------------------------------------------------------------------------------

@@ -269,7 +269,8 @@ def _decode_flac(data: bytes, max_samples: int, rate: int | None, seconds: str) 
                 raise BadAudio(f"FLAC clips must be 16- or 24-bit, got {f.subtype}")
             if rate is not None and f.samplerate != rate:
                 raise BadAudio(f"the FLAC header says {f.samplerate} Hz; the clip was sent as {rate} Hz")
-            unknown = f.frames == _UNKNOWN_FRAMES
+            frames = f.frames
+            unknown = frames == _UNKNOWN_FRAMES
             if not unknown and f.frames > max_samples:
                 raise TooLong(f"the clip holds {f.frames} samples; at most {max_samples} ({seconds})")
             try:
@@ -290,6 +291,8 @@ def _decode_flac(data: bytes, max_samples: int, rate: int | None, seconds: str) 
         raise BadAudio(f"the audio does not decode ({first_line(exc).rsplit(': ', 1)[-1]})") from None
     if len(ints) > max_samples:
         raise TooLong(f"the clip holds more than {max_samples} samples ({seconds})")
+    if not unknown and len(ints) < frames:
+        raise BadAudio(f"the clip ends after {len(ints)} of the {frames} samples its header announces (cut short?)")
     return (ints.astype(np.float64) / 2**31).astype(np.float32)
 
 
