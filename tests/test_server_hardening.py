@@ -551,3 +551,10 @@ def test_openapi_document_is_the_structs_schema(server):
     assert settings["additionalProperties"] is False
     assert settings["properties"]["temperature"]["minimum"] == 1e-3
     assert one_line_4xx(httpx.get(f"{server.url}/openapi.json", timeout=30))["code"] == "unauthorized"
+
+
+def test_the_openapi_document_in_the_docs_is_the_servers():
+    """docs/openapi.json is what `python -m specdec_cli.remote.openapi` prints (regenerate it so)."""
+    from specdec_cli.remote import openapi
+
+    assert json.loads((ROOT / "docs" / "openapi.json").read_text()) == json.loads(json.dumps(openapi.document()))

@@ -83,3 +83,10 @@ def document() -> dict[str, Any]:
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
     }
+
+
+if __name__ == "__main__":  # python -m specdec_cli.remote.openapi > docs/openapi.json
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(document(), indent=1, ensure_ascii=False) + "\n")
