@@ -52,9 +52,9 @@ def clips(n: int, seconds: float) -> list[bytes]:
     base = np.resize(joined, length)
     config = DecodingConfig().as_dict()
     bodies = []
+    prompt = pair.processor(base)["input_ids"][0].tolist()  # every clip has the same length: the same prompt
     for i in range(n):
         audio = np.roll(base, i * 977).astype(np.float32)
-        prompt = pair.processor(audio)["input_ids"][0].tolist() if i == 0 else prompt  # same length: same prompt
         data, codec = wire.encode_audio(audio, 16000)
         bodies.append(wire.encode(wire.VerifyRequest([5, 6, 7, 8], clip=wire.Clip(data, codec, 16000, prompt),
                                                      config=config)))

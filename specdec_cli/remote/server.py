@@ -71,8 +71,6 @@ from .sessions import CloudSession, MemoryReturn, Sessions
 
 __all__ = ["ApiError", "CloudSession", "Hosted", "Metrics", "ServeOptions", "Sessions", "create_app", "serve"]
 
-log = logging.getLogger("specdec.serve")
-
 MAX_DRAFT = wire.MAX_DRAFT            # tokens in one draft
 MAX_NEW_TOKENS = wire.MAX_NEW_TOKENS  # a config may not ask the server for more than this
 BATCH_WINDOW_MS = 10.0    # how long a verification waits for others to share its forward (bench/server_batching.py)
@@ -264,6 +262,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     # Bodies: the longest clip as float32 (FLAC is smaller) plus room for ids and settings.
     body_cap = hosted.max_samples * 4 + 1024 * 1024
     document = openapi.document()
+    hosted.min_samples  # found once, now, not in the first request  # noqa: B018
 
     def owner_of(request: Request) -> int:
         if not tokens:
