@@ -20,11 +20,17 @@ backlog. Written here because none of them does it (uvicorn 0.54 / h11 0.16):
 * accept() within the descriptors there are, counted when asyncio accepts (`GuardedListener`), and
   the descriptor limit raised to its hard limit at start (`raise_fd_limit`). Past the limit asyncio
   logs "socket.accept() out of system resource" with a traceback for every failed accept, up to the
-  backlog (2048) per readiness event, and schedules a retry for each (~150,000 tracebacks in 10 s
-  measured, and a loop too busy to close anything; issue 25). Should it happen anyway (another
-  part of the process holding descriptors), `quiet_accept_errors` logs one line per 10 s.
+  backlog (2048) per readiness event, and schedules a retry for each (issue 25 counted ~150,000
+  tracebacks in 10 s; bench/server_connections.py 708,318 log lines in 14 s, and a loop too busy
+  to close anything). Should it happen anyway (another part of the process holding descriptors),
+  `quiet_accept_errors` logs one line per 10 s.
 * repeated warnings from uvicorn ("Invalid HTTP request received." per bad connection): at most
   one line per message per 10 s, with a count (`RepeatFilter`).
+
+The server therefore always runs uvicorn's h11 protocol (this subclass; httptools, were it
+installed, would bypass these limits). Written against uvicorn 0.54's H11Protocol: it reads its
+`cycle` (the request being handled) and hooks `connection_made`, `on_response_complete` and
+`connection_lost`; tests/test_server_hardening.py checks the limits through a real server.
 """
 
 from __future__ import annotations
