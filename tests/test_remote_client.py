@@ -101,7 +101,7 @@ def test_a_cloud_url_that_names_no_server_is_refused(url):
 
 def test_messages_round_trip_through_msgpack_and_json():
     clip = wire.Clip(b"\x00\x01", "f32", 16000, [1, 2])
-    request = wire.VerifyRequest([5, 6], clip=clip, config={"k": 4}, pending=[3])
+    request = wire.VerifyRequest([5, 6], clip=clip, config=wire.DecodingSettings(k=4), pending=[3])
     assert msgspec.msgpack.decode(wire.encode(request), type=wire.VerifyRequest) == request
     assert wire.decoder(wire.VerifyRequest, "application/json").decode(msgspec.json.encode(request)) == request
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -13,34 +11,8 @@ from typing import Annotated
 import typer
 
 from ..checkpoints import dtype_name
-from ..errors import InputError
 from . import ui
 from .options import DtypeOpt
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Refuse a port something already listens on, in words and before the model loads (uvicorn
-    would say `[Errno 98] error while attempting to bind` and exit 3). Bound the way uvicorn binds
-    (SO_REUSEADDR), so a port only in TIME_WAIT counts as free, as it does for uvicorn."""
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return  # an address that does not resolve: the server's own check says so
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise InputError(f"port {port} on {host} is already in use (another specdec serve?); stop it, "
-                                 "give another --port, or --port 0 for any free one") from None
-            if exc.errno == errno.EACCES:
-                raise InputError(f"no permission to listen on port {port} (ports below 1024 need root); "
-                                 "give a --port of 1024 or more") from None
-            raise
 
 
 def serve(
@@ -58,15 +30,25 @@ def serve(
     batch_window_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a verification waits for other "
                                                    "sessions' ones to share its forward (0: one at a time).")] = 10.0,
     max_batch: Annotated[int, typer.Option(min=1, help="Verifications in one forward at most (1: one at a time).")] = 16,
+    max_sessions_per_token: Annotated[int, typer.Option(min=0, help="Open sessions one token may hold; room for "
+                                                        "more is made from its own least recently used one "
+                                                        "(0: --max-sessions / the number of tokens).")] = 0,
+    max_connections: Annotated[int, typer.Option(min=1, help="Open connections; beyond it the one idle longest is "
+                                                 "closed, or 503 when all are busy (lowered to what the "
+                                                 "descriptor limit allows).")] = 1024,
+    header_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a connection may take to send a request's "
+                                                  "headers (from connecting, or from the last answer).")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may take to send its body.")] = 60.0,
+    keep_alive_timeout: Annotated[int, typer.Option(min=1, help="Seconds an idle keep-alive connection stays open.")] = 5,
 ) -> None:
-    """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT`."""
+    """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT` (limits: docs/security.md)."""
     from ..models import demo_pair
     from ..remote import server
 
     dtype_name(dtype)
     tokens = server.read_tokens(str(token_file) if token_file is not None else None, os.environ.get("SPECDEC_TOKEN"))
     server.check_bind(host, tokens)  # before loading a model
-    check_port_free(host, port)
+    sock = server.listen(host, port)  # a port in use: one line, before loading a model
     err = ui.console()
     with err.status("loading the cloud model…") if err.is_terminal else nullcontext():
         hosted = server.load_hosted(cloud or demo_pair()[1], device, dtype)
@@ -74,6 +56,7 @@ def serve(
     def announce(line: str) -> None:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-    server.serve(hosted, host, port, server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch),
-                 announce)
+    options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
+                                  max_connections, header_timeout, body_timeout, keep_alive_timeout)
+    server.serve(hosted, host, port, options, announce, sock)
     sys.stderr.write("specdec serve: stopped\n")

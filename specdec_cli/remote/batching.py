@@ -26,9 +26,16 @@ wide as the longest session for all of them; with up to --max-sessions open sess
 of a handful, that is most of the work. The price of lending is two copies of each batched
 session's cache per request (measured in bench/server_batching.py with the rest).
 
-When a batch's forward fails, the state of every session in it is unknown (their caches were in the
-batch): each of its requests gets the error, and the server drops those sessions (their clients
-rebuild them), as it drops a single session whose forward failed.
+A request fails only itself (`verify_batch`). Before a batch borrows the sessions' caches, each
+session's state is kept as it is (`ModelState.lend` + `take_back`: the same cache object, not a copy;
+`adopt` copies from it and never writes it), until the batch has given the caches back. When
+anything in the batch raises (the shared forward, one request's judging, one answer), every session
+is put back to what it held before this request and each request is verified alone, exactly as the
+one-at-a-time server verifies it (`verify_one`); only a request that also fails alone gets an error,
+and the server drops that session (its client rebuilds it). The price: the batched sessions' caches
+as they were before the request stay alive while the batch runs (one more copy of them, for the
+duration of one forward); a backup taken after the forward could not help, since a failed forward
+leaves the caches it was writing in an unknown state.
 
 `Batcher` forms the batches: one consumer on the event loop. The first request to arrive waits up
 to the window for others, up to `max_batch`, while anyone else could send one (an idle open
@@ -148,6 +155,54 @@ def verify_together(model: Any, jobs: Sequence[Job]) -> list[wire.VerifyResponse
     batch.release(states)
     return [_answer(job, verdict, fed, before[key], rejected_row)
             for key, job, (verdict, fed, rejected_row) in zip(keys, jobs, judged, strict=True)]
+
+
+def _kept(state: Any) -> Any:
+    """What a session's state holds before a batch borrows it (None: its prompt has not run)."""
+    if not state.started:
+        return None
+    kept = state.lend()
+    state.take_back(kept)  # the state goes on with the same cache object; `kept` is only read on failure
+    return kept
+
+
+def _put_back(state: Any, kept: Any) -> None:
+    """The state as it was before the batch: what a failed batch left in it is dropped."""
+    if state.started:
+        state.lend()
+    if kept is None:
+        state.start(state.prompt)  # lazily started, as it was: nothing run, counters at 0
+    else:
+        state.take_back(kept)
+
+
+def verify_batch(model: Any, jobs: Sequence[Job], on_failure: Callable[[BaseException, int], None] | None = None
+                 ) -> list[wire.VerifyResponse | Exception]:
+    """`verify_together`, and when it raises, each job alone from what its session held before
+    (`verify_one`): one answer or one exception per job, in order. `on_failure(exc, n)` is told
+    when a batch of n failed (the server logs it once)."""
+    if len(jobs) == 1:
+        try:
+            return [verify_one(jobs[0])]
+        except Exception as exc:  # noqa: BLE001 - the request's own failure, reported as its answer
+            return [exc]
+    kept = [_kept(job.session.cloud.state) for job in jobs]
+    try:
+        return list(verify_together(model, jobs))
+    except Exception as exc:  # noqa: BLE001 - retried alone below
+        if on_failure is not None:
+            on_failure(exc, len(jobs))
+        for job, backup in zip(jobs, kept, strict=True):
+            _put_back(job.session.cloud.state, backup)
+    finally:
+        del kept
+    answers: list[wire.VerifyResponse | Exception] = []
+    for job in jobs:
+        try:
+            answers.append(verify_one(job))
+        except Exception as exc:  # noqa: BLE001 - this request fails alone too: its error is its answer
+            answers.append(exc)
+    return answers
 
 
 class Batcher:

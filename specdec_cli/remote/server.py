@@ -8,31 +8,40 @@ owns each session's cache; the client owns the sequence of record and can rebuil
 Endpoints (bodies: MessagePack or JSON, see wire.py; every error a one-line JSON object):
   GET    /health               the model, its vocabulary width, dtype, fingerprints, open sessions
   GET    /metrics              Prometheus text format
+  GET    /openapi.json         this API as an OpenAPI document, generated from wire.py's structs
   POST   /v1/verify            open a session (with the clip) and/or verify a draft in it
   POST   /v1/generate          cloud-only: the whole description in one request
   DELETE /v1/sessions/{id}     close a session
 
-Limits: bodies are capped (a clip up to the model's window, the rest bounded), token ids must be in
-the vocabulary, lengths within the context, sessions at most --max-sessions (the least recently
-used idle one is evicted for a new one; when every one is busy the answer is 503 + Retry-After),
-idle sessions evicted after --session-ttl. Model work runs in a worker thread under one lock, so
-/health and /metrics answer while a forward runs.
+Every request is checked before any model runs: the body against wire.py's schema (types, ranges,
+finite floats, lengths), then what depends on the model (token ids in its vocabulary, lengths
+within its context, the clip's rate and length, bounded before it is decoded). Client input never
+gets a 5xx: a 5xx is a specdec bug, logged once with its traceback (http_errors.py). The limits on
+connections (limits.py), sessions (sessions.py: in total and per token) and bodies, and their flags,
+are listed in docs/security.md. Model work runs in a worker thread under one lock, so /health and
+/metrics answer while a forward runs.
 
 Verifications of concurrent sessions that arrive within --batch-window-ms of each other run as one
-batched forward (at most --max-batch sessions; `batching.py` says how, and who owns a session's
-cache meanwhile); --batch-window-ms 0 or --max-batch 1 verifies one request at a time.
+batched forward (at most --max-batch sessions; `batching.py` says how, who owns a session's cache
+meanwhile, and how a failing batch is retried one request at a time so that a request fails only
+itself); --batch-window-ms 0 or --max-batch 1 verifies one request at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import hmac
 import ipaddress
+import logging
+import math
 import secrets
+import socket
+import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,32 +58,23 @@ from prometheus_client import (
 )
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
 from ..errors import InputError
-from . import wire
+from . import limits, openapi, wire
+from .http_errors import ApiError, CrashGuard, OnceLog, error_response
+from .sessions import CloudSession, MemoryReturn, Sessions
 
-RETRY_AFTER_S = 1
-MAX_DRAFT = 256           # tokens in one draft (k is a handful; a bound keeps one request's work bounded)
-MAX_NEW_TOKENS = 4096     # a config may not ask the server for more than this
+__all__ = ["ApiError", "CloudSession", "Hosted", "Metrics", "ServeOptions", "Sessions", "create_app", "serve"]
+
+MAX_DRAFT = wire.MAX_DRAFT            # tokens in one draft
+MAX_NEW_TOKENS = wire.MAX_NEW_TOKENS  # a config may not ask the server for more than this
 BATCH_WINDOW_MS = 10.0    # how long a verification waits for others to share its forward (bench/server_batching.py)
 MAX_BATCH = 16            # verifications in one forward
-
-
-class ApiError(Exception):
-    """An answer other than 200: status, a machine-readable code and one line for a person."""
-
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    return JSONResponse({"error": message.splitlines()[0] if message else code, "code": code},
-                        status_code=status, headers=headers)
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -103,11 +103,28 @@ class Hosted:
     def max_samples(self) -> int:
         return int(self.processor.max_seconds * self.rate)
 
-    def describe(self) -> dict[str, Any]:
-        return {"model": self.model_id, "fingerprint": self.fingerprint, "tokenizer": self.tokenizer,
-                "vocab": self.vocab, "dtype": self.dtype, "device": self.device, "context": self.context,
-                "rate": self.rate, "max_seconds": self.processor.max_seconds, "protocol": wire.PROTOCOL,
-                "version": __version__}
+    @functools.cached_property
+    def min_samples(self) -> int:
+        """The shortest clip: the fewest samples that give the audio encoder one frame to emit.
+        Fewer, and the feature extractor fails (below n_fft/2 + 1 samples its reflect padding does
+        not fit) or yields no audio token (the demo's and Qwen's: 480 samples, 30 ms at 16 kHz).
+        Found by asking the extractor itself (a bisection over 1 s), so it holds for any."""
+        import numpy as np
+
+        from ..processor import audio_token_count
+
+        def enough(n: int) -> bool:
+            try:
+                _, mask = self.processor.features(np.zeros(n, np.float32))
+            except Exception:  # noqa: BLE001 - too short for this extractor, whatever it raises
+                return False
+            return audio_token_count(int(mask.sum())) >= 1
+        lo, hi = 1, self.rate
+        assert enough(hi), "one second of audio gives no audio token"
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+        return lo
 
 
 def weights_fingerprint(model: Any, full_below: int = 50_000_000) -> str:
@@ -149,88 +166,9 @@ def load_hosted(cloud: str, device: str = "cpu", dtype: str = "float32") -> Host
                   str(model.device), int(getattr(text_config, "max_position_embeddings", 32768)), int(audio_token))
 
 
-# -- sessions ---------------------------------------------------------------------------------------
-
-@dataclass
-class CloudSession:
-    id: str
-    owner: int
-    cloud: Any            # decoding.verifier.LocalCloud
-    rules: Any            # decoding.processors.DecodingRules
-    prompt_len: int
-    last_used: float = field(default_factory=time.monotonic)
-    busy: bool = False
 
 
-class Sessions:
-    """Open sessions, least recently used first. Only the event loop's thread touches this map;
-    a session marked busy is in a worker thread and is never evicted."""
-
-    def __init__(self, limit: int, ttl_s: float, metrics: Metrics) -> None:
-        self.limit, self.ttl_s, self.metrics = limit, ttl_s, metrics
-        self._open: OrderedDict[str, CloudSession] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def expire(self) -> None:
-        now = time.monotonic()
-        for sid in [s.id for s in self._open.values() if not s.busy and now - s.last_used > self.ttl_s]:
-            self._drop(sid, "ttl")
-
-    def get(self, sid: str, owner: int) -> CloudSession:
-        """The caller's session; unknown, expired or another token's are all 'unknown' (a session
-        id of another token is not confirmed to exist)."""
-        self.expire()
-        session = self._open.get(sid)
-        if session is None or session.owner != owner:
-            raise ApiError(404, "unknown_session", f"no session {sid[:12]}…: it ended, was evicted or the "
-                                                   "server restarted; open a new one")
-        if session.busy:
-            raise ApiError(409, "session_busy", "this session is already verifying; send one request at a time")
-        self._open.move_to_end(sid)
-        return session
-
-    def idle(self) -> int:
-        """Open sessions not verifying now (those that could send a verification)."""
-        return sum(1 for s in self._open.values() if not s.busy)
-
-    def reserve(self) -> None:
-        """Make room for one new session: evict the least recently used idle one at the limit; 503
-        when every open session is busy."""
-        self.expire()
-        while len(self._open) >= self.limit:
-            idle = next((s for s in self._open.values() if not s.busy), None)
-            if idle is None:
-                raise ApiError(503, "full", f"all {self.limit} sessions are busy; retry shortly",
-                               {"Retry-After": str(RETRY_AFTER_S)})
-            self._drop(idle.id, "lru")
-
-    def add(self, session: CloudSession) -> None:
-        self.reserve()
-        self._open[session.id] = session
-        self.metrics.sessions.set(len(self._open))
-        self.metrics.opened.inc()
-
-    def close(self, sid: str, owner: int) -> bool:
-        session = self._open.get(sid)
-        if session is None or session.owner != owner:
-            return False
-        if session.busy:
-            raise ApiError(409, "session_busy", "this session is verifying; close it when the answer is back")
-        self._drop(sid, "closed")
-        return True
-
-    def end(self, sid: str) -> None:
-        """The clip is over (its last verdict said so)."""
-        if sid in self._open:
-            self._drop(sid, "ended")
-
-    def _drop(self, sid: str, why: str) -> None:
-        del self._open[sid]
-        self.metrics.sessions.set(len(self._open))
-        self.metrics.ended.labels(why).inc()
-
+# -- metrics ----------------------------------------------------------------------------------------
 
 class Metrics:
     def __init__(self) -> None:
@@ -254,11 +192,23 @@ class Metrics:
 
 @dataclass
 class ServeOptions:
+    """`specdec serve`'s limits; the defaults are the flags' (docs/security.md lists them all)."""
     max_sessions: int = 64
     session_ttl_s: float = 300.0
     tokens: list[str] = field(default_factory=list)  # empty: no authentication (loopback only)
     batch_window_ms: float = BATCH_WINDOW_MS  # 0: one verification at a time
     max_batch: int = MAX_BATCH                 # 1: one verification at a time
+    max_sessions_per_token: int = 0            # 0: a fair share, max_sessions / tokens (all of them without tokens)
+    max_connections: int = 1024                # lowered to what the descriptor limit allows
+    header_timeout_s: float = 10.0             # a request head must arrive within this
+    body_timeout_s: float = 60.0               # ... and its body within this after it
+    keep_alive_timeout_s: int = 5              # an idle keep-alive connection is closed after this
+
+    @property
+    def per_token(self) -> int:
+        if self.max_sessions_per_token > 0:
+            return min(self.max_sessions_per_token, self.max_sessions)
+        return max(1, math.ceil(self.max_sessions / max(1, len(self.tokens))))
 
 
 def check_bind(host: str, tokens: list[str]) -> None:
@@ -294,6 +244,7 @@ def read_tokens(path: str | None, env: str | None) -> list[str]:
     return tokens
 
 
+
 def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     from ..decoding.config import DecodingConfig
     from ..decoding.processors import DecodingRules
@@ -301,11 +252,16 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     from . import batching
 
     metrics = Metrics()
-    sessions = Sessions(options.max_sessions, options.session_ttl_s, metrics)
+    memory = MemoryReturn()
+    sessions = Sessions(options.max_sessions, options.session_ttl_s, metrics, per_token=options.per_token,
+                        on_drop=memory.soon)
     model_lock = threading.Lock()  # one forward at a time: the model and its rope_deltas are shared
     tokens = [t.encode() for t in options.tokens]
+    crashed = OnceLog()
     # Bodies: the longest clip as float32 (FLAC is smaller) plus room for ids and settings.
     body_cap = hosted.max_samples * 4 + 1024 * 1024
+    document = openapi.document()
+    hosted.min_samples  # found once, now, not in the first request  # noqa: B018
 
     def owner_of(request: Request) -> int:
         if not tokens:
@@ -332,31 +288,43 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                                                  f"(a clip is at most {hosted.processor.max_seconds:g} s)")
         chunks, total = [], 0
         try:
-            async for chunk in request.stream():
-                total += len(chunk)
-                if total > body_cap:
-                    raise ApiError(413, "too_large", f"body over the {body_cap}-byte limit")
-                chunks.append(chunk)
+            # The whole body within --body-timeout: a client that trickles it is cut off (the
+            # head's deadline is limits.py's).
+            async with asyncio.timeout(options.body_timeout_s):
+                async for chunk in request.stream():
+                    total += len(chunk)
+                    if total > body_cap:
+                        raise ApiError(413, "too_large", f"body over the {body_cap}-byte limit")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError(408, "timeout", f"the body did not arrive within {options.body_timeout_s:g} s",
+                           {"Connection": "close"}) from None
         except ClientDisconnect:
             raise ApiError(400, "truncated", "the body ended before its Content-Length") from None
         try:
-            return wire.decoder(kind, request.headers.get("content-type")).decode(b"".join(chunks))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise ApiError(400, "bad_request", f"malformed {kind.__name__}: {exc}") from None
+            return wire.decode(kind, b"".join(chunks), request.headers.get("content-type"))
+        except wire.BadMessage as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+
+    def answer(request: Request, message: msgspec.Struct) -> Response:
+        """MessagePack (the client's), or JSON when the request accepts JSON and not MessagePack."""
+        accept = request.headers.get("accept", "").lower()
+        if wire.JSON in accept and wire.MSGPACK not in accept:
+            return Response(msgspec.json.encode(message), media_type=wire.JSON)
+        return Response(wire.encode(message), media_type=wire.MSGPACK)
 
     def check_ids(ids: list[int], what: str) -> None:
         bad = next((t for t in ids if not 0 <= t < hosted.vocab), None)
         if bad is not None:
             raise ApiError(400, "bad_token", f"{what} holds token id {bad}, outside the vocabulary (0..{hosted.vocab - 1})")
 
-    def config_of(given: dict[str, Any], mode: str) -> Any:
+    def config_of(given: wire.DecodingSettings, mode: str) -> Any:
+        """The session's DecodingConfig: the ranges are the schema's (checked while decoding);
+        DecodingConfig's own checks (e.g. no special tokens in an instruction) run here."""
         try:
-            cfg = DecodingConfig(**{**given, "mode": mode})
+            return DecodingConfig(**{**msgspec.structs.asdict(given), "mode": mode})
         except (TypeError, ValueError) as exc:
-            raise ApiError(400, "bad_config", f"bad decoding settings: {exc}") from None
-        if cfg.max_new_tokens > MAX_NEW_TOKENS:
-            raise ApiError(400, "bad_config", f"max_new_tokens {cfg.max_new_tokens} is over {MAX_NEW_TOKENS}")
-        return cfg
+            raise ApiError(400, "bad_config", f"bad decoding settings: {wire.first_line(exc)}") from None
 
     def inputs_of(clip: wire.Clip) -> dict[str, Any]:
         """The thinker inputs the client built for this clip, rebuilt here: the features from the
@@ -367,17 +335,16 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
         if clip.rate != hosted.rate:
             raise ApiError(400, "bad_clip", f"the clip is at {clip.rate} Hz; this model hears {hosted.rate} Hz")
-        if not clip.prompt_ids:
-            raise ApiError(400, "bad_clip", "the prompt is empty")
         check_ids(clip.prompt_ids, "the prompt")
         try:
-            audio = wire.decode_audio(clip.audio, clip.codec)
-        except Exception as exc:  # soundfile raises several types for bytes that are not FLAC
-            raise ApiError(400, "bad_clip", f"the audio does not decode ({wire.first_line(exc)})") from None
-        if not 0 < len(audio) <= hosted.max_samples:
-            raise ApiError(413 if len(audio) else 400, "bad_clip",
-                           f"the clip holds {len(audio)} samples; 1..{hosted.max_samples} "
-                           f"({hosted.processor.max_seconds:g} s) are allowed")
+            audio = wire.decode_audio(clip.audio, clip.codec, hosted.max_samples, hosted.rate)
+        except wire.TooLong as exc:
+            raise ApiError(413, "bad_clip", str(exc)) from None
+        except wire.BadAudio as exc:
+            raise ApiError(400, "bad_clip", str(exc)) from None
+        if len(audio) < hosted.min_samples:
+            raise ApiError(400, "bad_clip", f"the clip holds {len(audio)} samples; at least {hosted.min_samples} "
+                                            f"({hosted.min_samples / hosted.rate * 1000:g} ms) make one audio token")
         features, feature_mask = hosted.processor.features(audio)
         expected = audio_token_count(int(feature_mask.sum()))
         placed = sum(1 for t in clip.prompt_ids if t == hosted.audio_token_id)
@@ -394,11 +361,13 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 return fn()
         return await to_thread.run_sync(locked)
 
+    def batch_failed(exc: BaseException, n: int) -> None:
+        crashed(f"a batched forward of {n} verifications failed (a specdec bug); each was verified alone", exc)
+
     async def verify_batch(jobs: list[batching.Job]) -> list[Any]:
+        """One answer or exception per job: batched, and alone when the batch fails (batching.py)."""
         metrics.batch_size.observe(len(jobs))
-        if len(jobs) == 1:
-            return [await in_worker(lambda: batching.verify_one(jobs[0]))]
-        return await in_worker(lambda: batching.verify_together(hosted.model, jobs))
+        return await in_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed))
 
     arriving = [0]  # verify requests in their handler (being read, checked, opened, or verified)
     batcher = (batching.Batcher(verify_batch, options.batch_window_ms / 1000, options.max_batch,
@@ -409,29 +378,38 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         """Batched with other sessions' verifications, or alone (--batch-window-ms 0 / --max-batch 1)."""
         if batcher is not None:
             return await batcher.submit(job)
-        return (await verify_batch([job]))[0]
+        got = (await verify_batch([job]))[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
     # -- handlers -----------------------------------------------------------------------------
 
     async def health(request: Request) -> Response:
         owner_of(request)
         sessions.expire()
-        return JSONResponse({"status": "ok", **hosted.describe(), "sessions": len(sessions),
-                             "max_sessions": options.max_sessions, "session_ttl_s": options.session_ttl_s,
-                             "batch_window_ms": options.batch_window_ms if batcher is not None else 0,
-                             "max_batch": options.max_batch if batcher is not None else 1})
+        return Response(msgspec.json.encode(wire.Health(
+            status="ok", model=hosted.model_id, fingerprint=hosted.fingerprint, tokenizer=hosted.tokenizer,
+            vocab=hosted.vocab, dtype=hosted.dtype, device=hosted.device, context=hosted.context, rate=hosted.rate,
+            max_seconds=float(hosted.processor.max_seconds), min_samples=hosted.min_samples, protocol=wire.PROTOCOL,
+            version=__version__, sessions=len(sessions), max_sessions=options.max_sessions,
+            max_sessions_per_token=options.per_token, session_ttl_s=options.session_ttl_s,
+            batch_window_ms=options.batch_window_ms if batcher is not None else 0,
+            max_batch=options.max_batch if batcher is not None else 1)), media_type=wire.JSON)
 
     async def metrics_endpoint(request: Request) -> Response:
         owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi_endpoint(request: Request) -> Response:
+        owner_of(request)
+        return JSONResponse(document)
 
     async def verify(request: Request) -> Response:
         started = time.perf_counter()
         owner = owner_of(request)
         req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest)
         k = len(req.draft)
-        if not 1 <= k <= MAX_DRAFT:
-            raise ApiError(400, "bad_request", f"a draft holds 1..{MAX_DRAFT} tokens, got {k}")
         check_ids(req.draft, "the draft")
         check_ids(req.pending, "pending")
         if req.sampling is not None and not (len(req.sampling.p_draft) == len(req.sampling.u) == k):
@@ -440,7 +418,6 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             if req.clip is None or req.config is None:
                 raise ApiError(400, "bad_request", "a new session needs the clip and the config")
             cfg = config_of(req.config, "spec")
-            inputs = await to_thread.run_sync(inputs_of, req.clip)  # decoding + features: off the event loop
             prompt = list(req.clip.prompt_ids)
             sequence_len = len(prompt) + len(req.pending)
             session = None
@@ -458,7 +435,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             raise ApiError(400, "too_long", f"{sequence_len + k} tokens are over the model's context ({hosted.context})")
 
         if session is None:
-            sessions.reserve()  # 503 before any work when the server is full
+            assert req.clip is not None
+            inputs = await to_thread.run_sync(inputs_of, req.clip)  # decoding + features: off the event loop
+            sessions.reserve(owner)  # 503 before any model work when the server (or this token's share) is full
             sid = secrets.token_urlsafe(16)  # 128 random bits
 
             def open_session() -> CloudSession:
@@ -473,46 +452,47 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             sequence = session.cloud.state.ids + list(req.pending)
         session.busy = True
         try:
-            answer = await verify_now(batching.Job(session, sequence, req))
+            verdict = await verify_now(batching.Job(session, sequence, req))
         except ApiError:
             raise
         except Exception:
-            # The session's state is unknown after a failed forward: end it (the client rebuilds).
+            # It failed alone too: the session's state is unknown; end it (the client rebuilds).
             session.busy = False
             sessions.close(session.id, owner)
             raise
         finally:
             session.busy = False
             session.last_used = time.monotonic()
-        if answer.ended:
+        if verdict.ended:
             sessions.end(session.id)
         metrics.verifications.inc()
-        metrics.tokens.inc(answer.fed + answer.prefilled)
+        metrics.tokens.inc(verdict.fed + verdict.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
-        return Response(wire.encode(answer), media_type=wire.MSGPACK)
+        return answer(request, verdict)
 
     async def generate(request: Request) -> Response:
         owner_of(request)
         req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest)
         cfg = config_of(req.config, "cloud")
-        inputs = await to_thread.run_sync(inputs_of, req.clip)
         if len(req.clip.prompt_ids) + cfg.max_new_tokens > hosted.context:
             raise ApiError(400, "too_long", "the prompt plus max_new_tokens are over the model's context")
         pad = req.pad_id
         if pad is not None:
             check_ids([pad], "pad_id")
+        inputs = await to_thread.run_sync(inputs_of, req.clip)
 
         def run() -> Any:
             from ..decoding.baselines import generate_baseline
 
             return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad)
         result = await in_worker(run)
+        memory.soon()  # its cache is gone
         s = result.stats
         metrics.generations.inc()
         metrics.tokens.inc(s.cloud_prefill_tokens + s.cloud_tokens)
         stats = {"cloud_calls": s.cloud_calls, "cloud_tokens": s.cloud_tokens,
                  "cloud_prefill_tokens": s.cloud_prefill_tokens, "cloud_work_forwards": s.cloud_work_forwards}
-        return Response(wire.encode(wire.GenerateResponse(result.tokens, stats)), media_type=wire.MSGPACK)
+        return answer(request, wire.GenerateResponse(result.tokens, stats))
 
     async def close(request: Request) -> Response:
         owner = owner_of(request)
@@ -533,9 +513,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         return error_response(exc.status_code, "not_found" if exc.status_code == 404 else "bad_request",
                               str(exc.detail), dict(exc.headers or {}))
 
-    async def on_crash(request: Request, exc: Exception) -> Response:
+    def on_crash(exc: BaseException) -> None:
         metrics.requests.labels("500").inc()
-        return error_response(500, "internal", f"internal error ({type(exc).__name__}); the server goes on")
+        crashed("a request was answered 500 (a specdec bug)", exc)
 
     def arrives(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         """Counts the verify requests in progress: the batcher's window waits only while one of
@@ -558,10 +538,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     routes = [
         Route("/health", counted(health), methods=["GET"]),
         Route("/metrics", counted(metrics_endpoint), methods=["GET"]),
+        Route("/openapi.json", counted(openapi_endpoint), methods=["GET"]),
         Route("/v1/verify", counted(arrives(verify)), methods=["POST"]),
         Route("/v1/generate", counted(generate), methods=["POST"]),
         Route("/v1/sessions/{sid}", counted(close), methods=["DELETE"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
         # Idle sessions end after the TTL even when no request comes to notice: their caches are
@@ -575,25 +557,75 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             yield
         finally:
             task.cancel()
+            memory.cancel()
 
+    # CrashGuard inside Starlette's ServerErrorMiddleware: http_errors.py says why.
+    stopping = threading.Event()  # set by serve() when a signal stops the server
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={ApiError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
+                    middleware=[Middleware(CrashGuard, on_crash=on_crash, stopping=stopping.is_set)],
+                    exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
+    app.state.stopping = stopping
     app.state.sessions = sessions
     app.state.metrics = metrics
+    app.state.memory = memory
     return app
 
 
 # -- running it -------------------------------------------------------------------------------------
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here rather than by uvicorn so that a port in use, an address
+    this machine does not have, or `[::1]` (brackets and all) get a one-line answer."""
+    address = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InputError(f"cannot listen on {host}: {exc.strerror or exc}") from None
+    family, kind, proto, _, where = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(where)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(f"port {port} on {host} is already in use (another specdec serve?); stop it, "
+                             "give another --port, or --port 0 for any free one") from None
+        raise InputError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _configure_logging() -> None:
+    """specdec's own lines and uvicorn's warnings on stderr, each message at most once per 10 s."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("specdec serve: %(message)s"))
+    ours = logging.getLogger("specdec.serve")
+    ours.handlers[:] = [handler]
+    ours.propagate = False
+    ours.setLevel(logging.INFO)
+    repeats = limits.RepeatFilter()
+    ours.addFilter(repeats)
+    logging.getLogger("uvicorn.error").addFilter(repeats)
+
+
 def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
-          announce: Callable[[str], None]) -> None:
-    """Run until SIGINT/SIGTERM (uvicorn's own handlers: in-flight requests finish, then exit)."""
+          announce: Callable[[str], None], sock: socket.socket | None = None) -> None:
+    """Run until SIGINT/SIGTERM (uvicorn's own handlers: in-flight requests finish, then exit).
+    `sock`: the socket `listen(host, port)` bound already (else it is bound here)."""
     import uvicorn
 
     check_bind(host, options.tokens)
+    sock = sock if sock is not None else listen(host, port)
+    fd_limit = limits.raise_fd_limit()
+    cap = limits.connection_cap(options.max_connections, fd_limit, limits.open_fds())
+    _configure_logging()
     app = create_app(hosted, options)
+    guard = limits.ConnectionGuard(cap, options.header_timeout_s)
     batching_note = (f"verifications batched (up to {options.max_batch}, {options.batch_window_ms:g} ms window)"
                      if options.batch_window_ms > 0 and options.max_batch > 1 else "verifications one at a time")
+    fewer = f" (descriptor limit {fd_limit})" if cap < options.max_connections else ""
 
     class _Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -606,18 +638,25 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
                 finally:
                     self._captured_signals.clear()
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            app.state.stopping.set()
+            await super().shutdown(sockets)
+
         async def startup(self, sockets: Any = None) -> None:
+            limits.quiet_accept_errors(asyncio.get_running_loop())
             await super().startup(sockets)
             if self.started:  # the real port, also when --port 0 let the system pick one
                 bound = self.servers[0].sockets[0].getsockname()
                 shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
                 announce(f"specdec serve: listening on http://{shown}:{bound[1]} · cloud {hosted.model_id} "
                          f"(vocab {hosted.vocab}, {hosted.dtype}, {hosted.device}, weights {hosted.fingerprint}) "
-                         f"· at most {options.max_sessions} sessions, idle ones closed after "
-                         f"{options.session_ttl_s:g} s · {batching_note} · "
-                         f"{'token required' if options.tokens else 'no token (loopback only)'}")
+                         f"· at most {options.max_sessions} sessions ({options.per_token} per token), idle ones "
+                         f"closed after {options.session_ttl_s:g} s · at most {cap} connections{fewer} · "
+                         f"{batching_note} · {'token required' if options.tokens else 'no token (loopback only)'}")
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5, h11_max_incomplete_event_size=64 * 1024)
+    config = uvicorn.Config(app, http=limits.guarded_protocol(guard), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, h11_max_incomplete_event_size=64 * 1024,
+                            timeout_keep_alive=options.keep_alive_timeout_s,
+                            limit_concurrency=cap + 1)  # over the cap (every connection busy): uvicorn's 503
     server = _Server(config)
-    asyncio.run(server.serve())
+    asyncio.run(server.serve(sockets=[limits.GuardedListener.wrap(sock, guard)]))

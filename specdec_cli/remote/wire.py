@@ -17,44 +17,92 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
+from msgspec import Meta
 
 PROTOCOL = 1
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 
+# -- the schema -------------------------------------------------------------------------------------
+# Every field that crosses the wire is checked where it is declared, by msgspec while it decodes
+# (types, ranges, finite floats, lengths; a nested value where a scalar belongs is refused at its
+# first byte, so nesting depth is bounded by the schema itself). What depends on the hosted model
+# (token ids within its vocabulary, lengths within its context, the clip's length and rate) the
+# server checks next, still before any model runs (server.py). The same structs give the OpenAPI
+# document (openapi.py).
+
+MAX_DRAFT = 256             # tokens in one draft (k is a handful; the bound keeps one request's work bounded)
+MAX_NEW_TOKENS = 4096       # a config may not ask the server for more than this
+MAX_TOKENS = 1 << 20        # ids in one list (the model's context bounds it further)
+MAX_TEXT = 4096             # characters of an instruction or system turn
+MAX_SESSION_ID = 64         # a session id is 22 characters (128 random bits, base64url)
+
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1, description="a token id (the server checks it against its vocabulary)")]
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_TOKENS)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0, description="finite, in [0, 1]")]
+Count = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+
 
 class Clip(msgspec.Struct, forbid_unknown_fields=True):
     """One clip as the cloud must hear it: the audio at the model's rate, and the prompt's ids
     (its audio placeholders included: the server checks their count against the features)."""
-    audio: bytes
+    audio: Annotated[bytes, Meta(description="FLAC (16- or 24-bit mono), or little-endian float32 samples")]
     codec: Literal["flac", "f32"]
-    rate: int
-    prompt_ids: list[int]
+    rate: Annotated[int, Meta(ge=1, le=1_000_000, description="samples per second (the model's rate)")]
+    prompt_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_TOKENS)]
 
 
 class Sampling(msgspec.Struct, forbid_unknown_fields=True):
     """The client's half of rejection sampling for one block: the drafter's probability of each
     draft token and the block's uniforms, drawn on the client from its seeded generator exactly as
-    the in-process rule draws them (acceptance.sampling_uniforms)."""
-    p_draft: list[float]
-    u: list[float]
-    u_last: float
+    the in-process rule draws them (acceptance.sampling_uniforms). All finite, in [0, 1]: a NaN
+    uniform would accept any draft token."""
+    p_draft: Annotated[list[Probability], Meta(min_length=1, max_length=MAX_DRAFT)]
+    u: Annotated[list[Probability], Meta(min_length=1, max_length=MAX_DRAFT)]
+    u_last: Probability
+
+
+class DecodingSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """The decoding settings a session is opened with: the fields of decoding.config.DecodingConfig
+    (what the client sends: `cfg.as_dict()`), each with the range the server accepts. Defaults are
+    DecodingConfig's (tests/test_wire_properties.py keeps the two in step). The server sets `mode`
+    itself (spec for /v1/verify, cloud for /v1/generate); the edge-side fields (k, threshold,
+    uncertainty, verify, seed, instruction, system) are checked but not used by a verification."""
+    mode: Literal["spec", "edge", "cloud"] = "spec"
+    k: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 4
+    threshold: Annotated[float, Meta(ge=0.0, description="nats; inf never escalates")] = 5.5
+    uncertainty: Literal["sum", "max", "mean"] = "sum"
+    verify: Literal["entropy", "always"] = "entropy"
+    constraints: bool = True
+    max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_NEW_TOKENS)] = 64
+    sample: bool = False
+    # Outside these ranges the warpers overflow float32 (1e-300 or inf: every score inf or NaN).
+    temperature: Annotated[float, Meta(ge=1e-3, le=1e3)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] = 0  # int64 (torch.Generator.manual_seed takes it)
+    instruction: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)] | None = None
+    system: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)] | None = None
+    repetition_penalty: Annotated[float, Meta(ge=1e-2, le=1e2)] = 1.2
+    no_repeat_ngram: Annotated[int, Meta(ge=2, le=1024)] = 4
+    comma_min_chars: Annotated[int, Meta(ge=0, le=MAX_NEW_TOKENS)] = 4
+    stop_min_chars: Annotated[int, Meta(ge=0, le=MAX_NEW_TOKENS)] = 12
 
 
 class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Score `draft` after the session's tokens + `pending`, judge it, roll back to what it kept.
     Without `session` it opens one: `clip` and `config` are then required, and `pending` is the
     answer accepted so far (the prompt comes from the clip)."""
-    draft: list[int]
-    session: str | None = None
+    draft: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_DRAFT)]
+    session: Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID)] | None = None
     clip: Clip | None = None
-    config: dict[str, Any] | None = None
-    held: int = 0
-    pending: list[int] = []
+    config: DecodingSettings | None = None
+    held: Count = 0
+    pending: TokenIds = []
     sampling: Sampling | None = None
 
 
@@ -84,8 +132,8 @@ class VerifyResponse(msgspec.Struct):
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Cloud-only: the whole description on the server (one round trip)."""
     clip: Clip
-    config: dict[str, Any]
-    pad_id: int | None = None
+    config: DecodingSettings
+    pad_id: TokenId | None = None
 
 
 class GenerateResponse(msgspec.Struct):
@@ -94,8 +142,37 @@ class GenerateResponse(msgspec.Struct):
 
 
 class ErrorBody(msgspec.Struct):
+    """Every answer other than 200: one line for a person, a code for a program."""
     error: str
     code: str
+
+
+class Health(msgspec.Struct):
+    """GET /health: what the server hosts and how it is set up."""
+    status: Literal["ok"]
+    model: str
+    fingerprint: str     # the weights' hash
+    tokenizer: str       # the vocabulary's hash: edge and cloud must share it
+    vocab: int
+    dtype: str
+    device: str
+    context: int         # tokens in the model's window
+    rate: int            # samples per second the model hears
+    max_seconds: float   # longest clip
+    min_samples: int     # shortest clip (one audio token)
+    protocol: int
+    version: str
+    sessions: int
+    max_sessions: int
+    max_sessions_per_token: int
+    session_ttl_s: float
+    batch_window_ms: float
+    max_batch: int
+
+
+class Closed(msgspec.Struct):
+    """DELETE /v1/sessions/{id}."""
+    closed: bool
 
 
 def encode(message: msgspec.Struct) -> bytes:
@@ -109,7 +186,28 @@ def decoder(kind: type, content_type: str | None):
     return msgspec.json.Decoder(kind)
 
 
+class BadMessage(ValueError):
+    """A body that is not a well-formed `kind` (the server answers 400 with this one line)."""
+
+
+def decode(kind: type, body: bytes, content_type: str | None) -> Any:
+    """The request body as a `kind`, every declared constraint checked; BadMessage otherwise.
+    Nothing else escapes: a decoder that raised anything but a refusal would be a specdec bug."""
+    try:
+        return decoder(kind, content_type).decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BadMessage(f"malformed {kind.__name__}: {first_line(exc)}") from None
+
+
 # -- the clip's audio -------------------------------------------------------------------------------
+
+class BadAudio(ValueError):
+    """A clip the server will not decode: not FLAC/float32 as declared, too long, or not finite."""
+
+
+class TooLong(BadAudio):
+    """A clip over the length limit (the server answers 413)."""
+
 
 def encode_audio(audio: np.ndarray, rate: int) -> tuple[bytes, str]:
     """The clip as compact as it can be without changing a sample the cloud hears: FLAC (lossless)
@@ -131,21 +229,70 @@ def encode_audio(audio: np.ndarray, rate: int) -> tuple[bytes, str]:
     return audio.astype("<f4").tobytes(), "f32"
 
 
-def decode_audio(data: bytes, codec: str) -> np.ndarray:
-    """Back to the float32 samples `encode_audio` was given (exactly)."""
+def decode_audio(data: bytes, codec: str, max_samples: int, rate: int | None = None) -> np.ndarray:
+    """Back to the float32 samples `encode_audio` was given (exactly), bounded before it is
+    decoded: a float32 clip by its byte count, a FLAC clip by the frame count in its header, and
+    either way at most `max_samples` + 1 frames are ever read (a streamed FLAC says 0, i.e.
+    "unknown", in its header: it is read under the same bound, and refused as too long past it).
+    NaN or infinite samples are refused. BadAudio (a ValueError; TooLong for the length) for
+    anything the server will not hear."""
+    seconds = f"{max_samples / rate:g} s at {rate} Hz" if rate else f"{max_samples} samples"
     if codec == "f32":
         if len(data) % 4:
-            raise ValueError("float32 audio must be a whole number of 4-byte samples")
-        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+            raise BadAudio("float32 audio must be a whole number of 4-byte samples")
+        if len(data) // 4 > max_samples:
+            raise TooLong(f"the clip holds {len(data) // 4} samples; at most {max_samples} ({seconds})")
+        audio = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    elif codec == "flac":
+        audio = _decode_flac(data, max_samples, rate, seconds)
+    else:
+        raise BadAudio(f"unknown codec {codec!r}: flac or f32")
+    if not np.isfinite(audio).all():
+        raise BadAudio("the clip holds NaN or infinite samples")
+    return audio
+
+
+_UNKNOWN_FRAMES = 2**63 - 1  # what libsndfile reports for a FLAC whose header says 0 (streamed)
+
+
+def _decode_flac(data: bytes, max_samples: int, rate: int | None, seconds: str) -> np.ndarray:
     import soundfile as sf
 
-    with sf.SoundFile(io.BytesIO(data)) as f:
-        if f.channels != 1:
-            raise ValueError(f"the clip must be mono, got {f.channels} channels")
-        bits = {"PCM_16": 16, "PCM_24": 24}.get(f.subtype)
-        if bits is None:
-            raise ValueError(f"FLAC clips must be 16- or 24-bit, got {f.subtype}")
-        ints = f.read(dtype="int32")  # left-aligned: value << (32 - bits)
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            if f.format != "FLAC":
+                raise BadAudio(f"the clip is {f.format}, not FLAC")
+            if f.channels != 1:
+                raise BadAudio(f"the clip must be mono, got {f.channels} channels")
+            bits = {"PCM_16": 16, "PCM_24": 24}.get(f.subtype)
+            if bits is None:
+                raise BadAudio(f"FLAC clips must be 16- or 24-bit, got {f.subtype}")
+            if rate is not None and f.samplerate != rate:
+                raise BadAudio(f"the FLAC header says {f.samplerate} Hz; the clip was sent as {rate} Hz")
+            frames = f.frames
+            unknown = frames == _UNKNOWN_FRAMES
+            if not unknown and f.frames > max_samples:
+                raise TooLong(f"the clip holds {f.frames} samples; at most {max_samples} ({seconds})")
+            try:
+                ints = f.read(max_samples + 1, dtype="int32")  # left-aligned: value << (32 - bits)
+            except RuntimeError:
+                if not unknown:
+                    raise
+                # libsndfile 1.2 fails at the end of a FLAC whose length it does not know (it
+                # seeks there); a longer one was refused above by the read's own bound. Better
+                # refused than cut: the clip would be heard without its end.
+                raise BadAudio("a FLAC with no sample count in its header (written to a pipe) cannot be read "
+                               "to its end here: send it with its count (as specdec does) or as float32") from None
+    except BadAudio:
+        raise
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+        # libsndfile's errors (soundfile.LibsndfileError is a RuntimeError) for bytes that are not FLAC
+        # libsndfile names the BytesIO object first: its own words are after the last colon
+        raise BadAudio(f"the audio does not decode ({first_line(exc).rsplit(': ', 1)[-1]})") from None
+    if len(ints) > max_samples:
+        raise TooLong(f"the clip holds more than {max_samples} samples ({seconds})")
+    if not unknown and len(ints) < frames:
+        raise BadAudio(f"the clip ends after {len(ints)} of the {frames} samples its header announces (cut short?)")
     return (ints.astype(np.float64) / 2**31).astype(np.float32)
 
 

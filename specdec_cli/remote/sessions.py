@@ -1,0 +1,182 @@
+"""The session table of `specdec serve`: one session per clip in flight, each owned by the token
+that opened it, capped in total (--max-sessions) and per token (--max-sessions-per-token), idle ones
+closed after --session-ttl; and the memory a closed session leaves given back to the system.
+
+Fair share: room for a new session is made from its own token's least recently used idle session
+first; only when that token has none idle, from the token holding the most sessions. One token
+can therefore never evict everyone else's sessions, and never holds more than its cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from anyio import to_thread
+
+from .http_errors import ApiError
+
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class CloudSession:
+    id: str
+    owner: int
+    cloud: Any            # decoding.verifier.LocalCloud
+    rules: Any            # decoding.processors.DecodingRules
+    prompt_len: int
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False
+
+
+class Sessions:
+    """Open sessions, least recently used first. Only the event loop's thread touches this map;
+    a session marked busy is in a worker thread and is never evicted."""
+
+    def __init__(self, limit: int, ttl_s: float, metrics: Any, per_token: int | None = None,
+                 on_drop: Any = None) -> None:
+        self.limit, self.ttl_s, self.metrics = limit, ttl_s, metrics
+        self.per_token = limit if per_token is None else per_token
+        self.on_drop = on_drop  # called after a session is dropped (its memory can go back)
+        self._open: OrderedDict[str, CloudSession] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for sid in [s.id for s in self._open.values() if not s.busy and now - s.last_used > self.ttl_s]:
+            self._drop(sid, "ttl")
+
+    def get(self, sid: str, owner: int) -> CloudSession:
+        """The caller's session; unknown, expired or another token's are all 'unknown' (a session
+        id of another token is not confirmed to exist)."""
+        self.expire()
+        session = self._open.get(sid)
+        if session is None or session.owner != owner:
+            raise ApiError(404, "unknown_session", f"no session {sid[:12]}…: it ended, was evicted or the "
+                                                   "server restarted; open a new one")
+        if session.busy:
+            raise ApiError(409, "session_busy", "this session is already verifying; send one request at a time")
+        self._open.move_to_end(sid)
+        return session
+
+    def idle(self) -> int:
+        """Open sessions not verifying now (those that could send a verification)."""
+        return sum(1 for s in self._open.values() if not s.busy)
+
+    def held_by(self, owner: int) -> int:
+        return sum(1 for s in self._open.values() if s.owner == owner)
+
+    def reserve(self, owner: int) -> None:
+        """Make room for one new session of `owner`: at its own cap, its least recently used idle
+        session goes; at the total cap, its own first, else one of the largest holder's. 503 when
+        the sessions that would have to go are all busy."""
+        self.expire()
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
+        if self.held_by(owner) >= self.per_token:
+            own = next((s for s in self._open.values() if s.owner == owner and not s.busy), None)
+            if own is None:
+                raise ApiError(503, "full", f"this token's {self.per_token} sessions are all busy; retry shortly", retry)
+            self._drop(own.id, "lru")
+        while len(self._open) >= self.limit:
+            victim = self._victim(owner)
+            if victim is None:
+                raise ApiError(503, "full", f"all {self.limit} sessions are busy; retry shortly", retry)
+            self._drop(victim.id, "lru")
+
+    def _victim(self, owner: int) -> CloudSession | None:
+        idle = [s for s in self._open.values() if not s.busy]  # least recently used first
+        if not idle:
+            return None
+        own = next((s for s in idle if s.owner == owner), None)
+        if own is not None:
+            return own
+        held = Counter(s.owner for s in self._open.values())
+        most = max(held[s.owner] for s in idle)
+        return next(s for s in idle if held[s.owner] == most)
+
+    def add(self, session: CloudSession) -> None:
+        self.reserve(session.owner)
+        self._open[session.id] = session
+        self.metrics.sessions.set(len(self._open))
+        self.metrics.opened.inc()
+
+    def close(self, sid: str, owner: int) -> bool:
+        session = self._open.get(sid)
+        if session is None or session.owner != owner:
+            return False
+        if session.busy:
+            raise ApiError(409, "session_busy", "this session is verifying; close it when the answer is back")
+        self._drop(sid, "closed")
+        return True
+
+    def end(self, sid: str) -> None:
+        """The clip is over (its last verdict said so)."""
+        if sid in self._open:
+            self._drop(sid, "ended")
+
+    def _drop(self, sid: str, why: str) -> None:
+        del self._open[sid]
+        self.metrics.sessions.set(len(self._open))
+        self.metrics.ended.labels(why).inc()
+        if self.on_drop is not None:
+            self.on_drop()
+
+
+class MemoryReturn:
+    """Gives the memory of ended sessions back to the system: glibc's malloc_trim, once, a moment
+    after the last session ended (coalesced), in a worker thread.
+
+    Why: measured (bench/server_memory.py, issue 25), a closed session's tensors are all freed
+    (none is kept: the tensor count returns to where it started), but glibc keeps the freed pages
+    in the arenas of the worker threads that allocated them, fragmented between live ones, so the
+    resident set grew round after round of sessions (+294 MB over four rounds of 64) and never came
+    back; malloc_trim(0) returns the free pages of every arena. A no-op where the C library has no
+    malloc_trim (not glibc)."""
+
+    def __init__(self, delay_s: float = 1.0) -> None:
+        self.delay_s = delay_s
+        self._trim = _malloc_trim()
+        self._pending: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task | None = None
+        self.trims = 0
+
+    def soon(self) -> None:
+        if self._trim is None or self._pending is not None:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop (a unit test): nothing to schedule
+            loop = asyncio.get_running_loop()
+            self._pending = loop.call_later(self.delay_s, self._start)
+
+    def _start(self) -> None:
+        self._pending = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        await to_thread.run_sync(self._trim, 0)
+        self.trims += 1
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+
+
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
