@@ -230,8 +230,9 @@ def test_a_request_that_fails_in_a_batch_fails_only_itself(tmp_path):
     gets a one-line 500, each other one exactly the verdict the one-at-a-time server gives, both
     for sessions opened in the batch and for sessions that existed before it. The crash is logged
     once with its traceback, and the connection that got the 500 stays usable."""
-    from specdec_cli.describe import Describer
     from test_remote_batching import K, Session
+
+    from specdec_cli.describe import Describer
 
     local = Describer(load_pair())
     sessions = [Session(local, path, 0, DecodingConfig()) for path in SAMPLES[:4]]
