@@ -69,12 +69,17 @@ def msgpack_reply(message: object, status: int = 200) -> Reply:
 @functools.cache
 def identity() -> dict:
     """The /health a `specdec serve` of the bundled demo cloud gives (model loaded once per run)."""
+    from specdec_cli import __version__ as specdec_version
     from specdec_cli.models import demo_pair
     from specdec_cli.remote.server import load_hosted
 
     hosted = load_hosted(demo_pair()[1])
-    return {"status": "ok", **hosted.describe(), "sessions": 0, "max_sessions": 64, "session_ttl_s": 300.0,
-            "batch_window_ms": 0, "max_batch": 1}
+    return msgspec.to_builtins(wire.Health(
+        status="ok", model=hosted.model_id, fingerprint=hosted.fingerprint, tokenizer=hosted.tokenizer,
+        vocab=hosted.vocab, dtype=hosted.dtype, device=hosted.device, context=hosted.context, rate=hosted.rate,
+        max_seconds=float(hosted.processor.max_seconds), min_samples=hosted.min_samples, protocol=wire.PROTOCOL,
+        version=specdec_version, sessions=0, max_sessions=64, max_sessions_per_token=64, session_ttl_s=300.0,
+        batch_window_ms=0, max_batch=1))
 
 
 def consistent_verdict(req: wire.VerifyRequest, **change: object) -> dict:
