@@ -18,13 +18,21 @@ import torch
 from conftest import clip
 from toy import TableLM
 
-from specdec_cli.calibration_objective import ClipCost, SettingScore, cheapest, score_clips
+from specdec_cli.calibration_objective import (
+    ClipCost,
+    SettingScore,
+    cheapest,
+    choose,
+    quality_gap,
+    score_clips,
+    share_first_key,
+)
 from specdec_cli.decoding import DecodingConfig, VocabMasks, generate_baseline, speculative_decode
 from specdec_cli.decoding.batch_loop import speculative_decode_batch
 from specdec_cli.decoding.gate import DEFAULT_INSTRUCTION, DEFAULT_SYSTEM, MeaningGate
 from specdec_cli.decoding.processors import DecodingRules
 from specdec_cli.errors import InputError
-from specdec_cli.gate_fit import Swap, fit_weights, gate_from_swaps, swap_labels, text_outcome
+from specdec_cli.gate_fit import Swap, fit_weights, gate_from_swaps, swap_labels, sweep, text_outcome
 from specdec_cli.gate_presets import gate_toml, load_gate, parse_gate, preset_gate_lines
 
 # -- a toy pair whose probabilities are set by hand -----------------------------------------------
@@ -174,7 +182,7 @@ def test_meaning_scores_match_a_full_forward_and_are_deterministic(edge, cloud, 
             [(e.draft, e.meaning, e.escalated, e.score, e.limit) for e in runs[1]]
         batched = []
         list(speculative_decode_batch(edge, cloud, [("a", inputs)], cfg, masks, eos_ids, 2, gate=gate,
-                                      on_block=lambda _k, e: batched.append(e)))
+                                      on_block=lambda _k, e, out=batched: out.append(e)))
         assert [(e.draft, e.escalated, e.limit) for e in batched] == [(e.draft, e.escalated, e.limit) for e in runs[0]]
         for a, b in zip(batched, runs[0], strict=True):
             assert a.meaning == pytest.approx(b.meaning, abs=1e-5)
@@ -204,12 +212,13 @@ def test_scorer_at_the_real_width_equals_the_dense_formula():
     width = 152_064
     ids = rng.choice(151_665, 400, replace=False)
     gate = MeaningGate({int(t): float(x) for t, x in zip(ids, rng.uniform(0, 1, 400), strict=True)}, default=0.8)
-    logits = rng.normal(0, 3, width)
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
     w = np.full(width, 0.8)
     w[ids] = [gate.weights[int(t)] for t in ids]
     for token in (int(ids[5]), 12345 if 12345 not in gate.weights else 12346):
+        logits = rng.normal(0, 3, width)
+        logits[token] = logits.max() + 12.0  # the drafted token holds most of the mass, as a draft does
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
         dense = w[token] * (np.dot(p, w) - p[token] * w[token])
         assert gate.score(p.astype(np.float32), token) == pytest.approx(dense, rel=1e-5, abs=1e-7)
     assert gate.scorer(width) is gate.scorer(width)  # built once per width
@@ -246,6 +255,19 @@ def test_fit_weights_solves_the_hand_computed_fixed_points():
     assert fit_weights([]) == {}
 
 
+def test_the_sweep_grid_by_hand():
+    """Block scores 0..10: gate_upload at the 50/60/70/80/85/90/95th percentiles (5, 6, 7, 8, 8.5, 9,
+    9.5) and inf, gate_verify at 0, the 10/25/50/75th (1, 2.5, 5, 7.5) and inf, never verifying
+    more freely before the upload than after it, and not the edge-only inf/inf: 4 + 4 + 4 + 5 * 5."""
+    grid = sweep(DecodingConfig(), 8, [float(x) for x in range(11)])
+    pairs = [(c.gate_upload, c.gate_verify) for c in grid]
+    assert len(pairs) == 37 == len(set(pairs))
+    assert all(c.k == 8 and c.verify == "meaning" for c in grid)
+    assert {u for u, _ in pairs} == {5.0, 6.0, 7.0, 8.0, 8.5, 9.0, 9.5, math.inf}
+    assert {v for _, v in pairs} == {0.0, 1.0, 2.5, 5.0, 7.5}
+    assert all(v <= u for u, v in pairs) and (5.0, 7.5) not in pairs and (math.inf, 7.5) in pairs
+
+
 def test_text_outcome_reads_what_the_sentence_says():
     assert text_outcome("说话人是女声，语速较快。") == text_outcome("说话者为女声，语速较快。")
     assert text_outcome("说话人是女声，语速较快。") != text_outcome("说话人是女声，语速较慢。")
@@ -264,21 +286,49 @@ def test_score_clips_on_a_hand_computed_table():
     assert s.work_per_clip == pytest.approx(560 / 4) and s.bytes_per_clip == pytest.approx(200_000 / 4)
 
 
-def test_cheapest_counts_clips_that_go_up_first():
-    """Cloud-only 98 points; target 97. B is cheaper than A in calls per token, but A keeps a
-    quarter of the clips on the device: A wins. C is cheapest of all but 2 points down; D keeps
-    more clips home but at 96.5. With a call-rate cap below A's, B. With nothing in reach: the
-    best quality, flagged."""
+def test_cheapest_counts_the_clouds_work_per_clip():
+    """Cloud-only 98 points; target 97. B makes fewer calls per token than A, but every clip of B
+    goes up and pays its prefill (260 work tokens per clip against A's 200): A wins. C is cheapest
+    of all but 2 points down. Share first, A again (a quarter of its clips stay home); with a
+    call-rate cap below A's, B. With nothing in reach: the best quality, flagged."""
     table = [("A", SettingScore(97.5, 0.12, 0.75, 200.0, 0.0)), ("B", SettingScore(97.8, 0.09, 1.0, 260.0, 0.0)),
              ("C", SettingScore(96.0, 0.05, 0.5, 120.0, 0.0)), ("D", SettingScore(96.5, 0.11, 0.6, 160.0, 0.0))]
     assert cheapest(table, 97.0)[::2] == ("A", True)
+    assert cheapest(table, 97.0, key=share_first_key)[::2] == ("A", True)
     assert cheapest(table, 97.0, max_call_rate=0.10)[::2] == ("B", True)
     assert cheapest(table, 96.0)[::2] == ("C", True)
     assert cheapest(table, 99.0)[::2] == ("B", False)
-    tie = [("first", SettingScore(97.0, 0.1, 0.5, 0.0, 0.0)), ("second", SettingScore(97.0, 0.1, 0.5, 0.0, 0.0))]
-    assert cheapest(tie, 90.0)[0] == "first"
+    # Work ties: fewer calls first; work and calls tie: the earlier.
+    tie = [("first", SettingScore(97.0, 0.1, 0.5, 9.0, 0.0)), ("second", SettingScore(97.0, 0.1, 0.5, 9.0, 0.0)),
+           ("fewer calls", SettingScore(96.0, 0.08, 0.9, 9.0, 0.0))]
+    assert cheapest(tie, 90.0)[0] == "fewer calls" and cheapest(tie[:2], 90.0)[0] == "first"
     with pytest.raises(ValueError):
         cheapest([], 90.0)
+
+
+def _clips(qualities: list[float], work: int) -> list[ClipCost]:
+    return [ClipCost(q, 10, 1 if work else 0, 1 if work else 0, work) for q in qualities]
+
+
+def test_choose_asks_for_a_margin_of_standard_errors():
+    """Four clips, cloud-only right on all. `steady` is 0.5 points down on every clip (gap mean
+    -0.5, standard error 0); `lucky` is right on three and 2 points down on one (mean -0.5, sample
+    sd 1, standard error 0.5), and cheaper. Within 1 point, the plain rule (z = 0) takes the cheaper
+    `lucky`; with one standard error of margin its bound is -1.0 - still in; with z = 2, -1.5: out,
+    so `steady`. `quality_gap` by hand: gaps 0, 0, 0, -2 points."""
+    reference = _clips([1.0] * 4, 300)
+    steady = _clips([0.995] * 4, 250)
+    lucky = _clips([1.0, 1.0, 1.0, 0.98], 200)
+    mean, se = quality_gap(lucky, reference)
+    assert mean == pytest.approx(-0.5) and se == pytest.approx(0.5)
+    assert quality_gap(steady, reference) == (pytest.approx(-0.5), pytest.approx(0.0, abs=1e-9))
+    candidates = [("steady", steady), ("lucky", lucky)]
+    assert choose(candidates, reference, 1.0, z=0.0)[::2] == ("lucky", True)
+    assert choose(candidates, reference, 1.0, z=1.0)[::2] == ("lucky", True)
+    assert choose(candidates, reference, 1.0, z=2.0)[::2] == ("steady", True)
+    assert choose(candidates, reference, 0.1, z=0.0)[::2] == ("lucky", False)  # none within: best quality
+    with pytest.raises(ValueError):
+        quality_gap(steady[:3], reference)
 
 
 # -- the presets table -------------------------------------------------------------------------------
