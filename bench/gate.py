@@ -16,7 +16,10 @@ Run by hand from a checkout (needs espeak-ng for the clips):
    chosen by specdec_cli/calibration_objective.choose within 1 point ("meaning-1") and 3 points
    ("meaning-3") of cloud-only with one standard error of margin (z = 1), cost = cloud work per
    clip (a clip that goes up pays its prefill), then calls per token; and, for comparison, the
-   plain rule (z = 0: "meaning-1 z0", "meaning-3 z0").
+   plain rule (z = 0: "meaning-1 z0", "meaning-3 z0"). The control: today's entropy gate swept
+   the same way (k x threshold, thresholds at percentiles of the edge's block uncertainties up to
+   the 98th) and chosen by the same objective ("entropy-1", "entropy-3"), so what the meaning gate
+   adds is told apart from what the sweep and the objective add.
 3. Measurement set (never seen by step 2): every baseline and chosen setting. Per setting:
    zero-cloud share (clips the cloud never ran for), mean attribute accuracy and its distance to
    cloud-only, cloud calls per output token, bytes up per clip (the clip's FLAC, as
@@ -56,6 +59,7 @@ if str(REPO) not in sys.path:  # `python bench/gate.py` from a checkout without 
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.audio import load_audio  # noqa: E402
+from specdec_cli.calibrate import thresholds_for  # noqa: E402
 from specdec_cli.calibration_objective import ClipCost, SettingScore, choose, score_clips  # noqa: E402
 from specdec_cli.decoding import DecodingConfig  # noqa: E402
 from specdec_cli.decoding.batch_loop import generate_batch, speculative_decode_batch  # noqa: E402
@@ -133,6 +137,24 @@ def sweep_configs(pair: ModelPair, clips: ClipSet, gate: MeaningGate, ks: Sequen
         scores = [e.score for r in decode(pair, clips, never, gate, batch) for e in r.events]
         for cfg in sweep(base, k, scores):
             configs[f"k={k} up={cfg.gate_upload:g} ver={cfg.gate_verify:g}"] = cfg
+    return configs
+
+
+ENTROPY_PERCENTILES = (10, 25, 40, 50, 60, 70, 80, 90, 95, 98)
+
+
+def entropy_configs(pair: ModelPair, clips: ClipSet, ks: Sequence[int], batch: int,
+                    base: DecodingConfig) -> dict[str, DecodingConfig]:
+    """Today's gate swept as calibrate sweeps it (thresholds at percentiles of the block
+    uncertainties a never-escalating run drafts), up to the 98th percentile so that clips can stay
+    on the device; not inf (edge-only)."""
+    configs: dict[str, DecodingConfig] = {}
+    for k in ks:
+        never = base.with_(k=k, threshold=math.inf)
+        uncertainties = [e.uncertainty for r in decode(pair, clips, never, None, batch) for e in r.events]
+        for t in thresholds_for(uncertainties, ENTROPY_PERCENTILES):
+            if not math.isinf(t):
+                configs[f"entropy k={k} t={t:g}"] = base.with_(k=k, threshold=t)
     return configs
 
 
@@ -228,13 +250,19 @@ def main(argv: list[str] | None = None) -> None:
                            lambda ids: text_of(pair, ids), tokenizer_fingerprint(pair.tokenizer))
     fit_s = time.perf_counter() - t
     configs = sweep_configs(pair, cal, gate, ks, args.batch_size, base)
+    entropy = entropy_configs(pair, cal, ks, args.batch_size, base)
     cal_sweep = run_all(cal, configs, gate)
+    cal_entropy = run_all(cal, entropy, None)
+    configs.update(entropy)
     chosen: dict[str, tuple[str, bool]] = {}
     for points in (1.0, 3.0):
         for z in (1.0, 0.0):
             label = f"meaning-{points:g}" + ("" if z else " z0")
             name, _, met = choose(list(cal_sweep.items()), cal_fixed["cloud-only"], points, z)
             chosen[label] = (name, met)
+        name, _, met = choose(list(cal_entropy.items()), cal_fixed["cloud-only"], points, 1.0)
+        chosen[f"entropy-{points:g}"] = (name, met)
+    cal_sweep.update(cal_entropy)
 
     # -- measurement ----------------------------------------------------------------------------------
     meas_fixed = run_all(meas, fixed, None)
@@ -255,22 +283,29 @@ def main(argv: list[str] | None = None) -> None:
         "chosen": {label: {"setting": name, "met": met, **cfg_dict(configs[name])} for label, (name, met) in chosen.items()},
         "calibration": cal_rows,
         "measurement": meas_rows,
-        "calibration_frontier": frontier(scores(cal_sweep), args.clips),
     }
     per_clip = {"calibration": {**cal_fixed, **cal_sweep}, "measurement": {**meas_fixed, **meas_picked}}
+    meaning_names = [n for n in configs if not n.startswith("entropy")]
+    entropy_names = [n for n in configs if n.startswith("entropy")]
+    cal_scores = scores(cal_sweep)
+    result["calibration_frontier"] = frontier({n: cal_scores[n] for n in meaning_names}, args.clips)
+    result["calibration_frontier_entropy"] = frontier({n: cal_scores[n] for n in entropy_names}, args.clips)
     if args.frontier:
         meas_sweep = run_all(meas, configs, gate)
         per_clip["measurement"].update(meas_sweep)
-        result["measurement_frontier"] = frontier(scores(meas_sweep), args.clips)
-        result["measurement_sweep"] = {n: as_dict(s) for n, s in scores(meas_sweep).items()}
-    result["calibration_sweep"] = {n: as_dict(s) for n, s in scores(cal_sweep).items()}
+        meas_scores = scores(meas_sweep)
+        result["measurement_frontier"] = frontier({n: meas_scores[n] for n in meaning_names}, args.clips)
+        result["measurement_frontier_entropy"] = frontier({n: meas_scores[n] for n in entropy_names}, args.clips)
+        result["measurement_sweep"] = {n: as_dict(s) for n, s in meas_scores.items()}
+    result["calibration_sweep"] = {n: as_dict(s) for n, s in cal_scores.items()}
     result["seconds"] = round(time.perf_counter() - started, 1)
 
     print(f"calibration set ({result['clips']['calibration']}):", file=sys.stderr)
     print(table(cal_rows, cal_rows["cloud-only"]["accuracy"]), file=sys.stderr)
     print(f"\nmeasurement set ({result['clips']['measurement']}), never seen by the calibration:", file=sys.stderr)
     print(table(meas_rows, meas_rows["cloud-only"]["accuracy"]), file=sys.stderr)
-    for name in ("calibration_frontier", "measurement_frontier"):
+    for name in ("calibration_frontier", "calibration_frontier_entropy", "measurement_frontier",
+                 "measurement_frontier_entropy"):
         if name in result:
             print(f"\n{name.replace('_', ' ')} (best accuracy per number of zero-cloud clips, any setting):",
                   file=sys.stderr)
@@ -280,8 +315,11 @@ def main(argv: list[str] | None = None) -> None:
     if traces:
         cfg = configs[chosen["meaning-1"][0]]
         result["traces"] = {meas.names[i]: trace(pair, meas, i, cfg, gate) for i in traces}
-        for name, lines in result["traces"].items():
-            print(f"\n{name} ({chosen['meaning-1'][0]}):\n" + "\n".join(lines), file=sys.stderr)
+        result["traces_entropy"] = {meas.names[i]: trace(pair, meas, i, configs[chosen["entropy-1"][0]], gate)
+                                    for i in traces}
+        for key, label in (("traces", "meaning-1"), ("traces_entropy", "entropy-1")):
+            for name, lines in result[key].items():
+                print(f"\n{name} ({label}: {chosen[label][0]}):\n" + "\n".join(lines), file=sys.stderr)
     if args.per_clip:
         args.per_clip.write_text(json.dumps({s: {n: [list(vars(c).values()) for c in cs] for n, cs in d.items()}
                                              for s, d in per_clip.items()}), encoding="utf-8")

@@ -185,14 +185,15 @@ def sweep(base: DecodingConfig, k: int, scores: Sequence[float], upload_percenti
           verify_percentiles: Sequence[float] = VERIFY_PERCENTILES) -> list[DecodingConfig]:
     """The meaning-gate settings to try for block length k: gate_upload from the upper percentiles
     of `scores` (the meaning scores of the blocks a never-escalating run drafts: verify="meaning",
-    gate_upload = gate_verify = inf, read from its BlockEvent.score), gate_verify from the lower ones
-    and 0, gate_verify <= gate_upload (verifying less once the cloud holds the clip than before would
-    spend the upload and not use it). inf/inf (edge-only) is left out: calibrate runs edge-only."""
+    gate_upload = gate_verify = inf, read from its BlockEvent.score), gate_verify from the lower ones,
+    0 and gate_upload itself (one threshold, as the entropy gate has), gate_verify <= gate_upload
+    (verifying less once the cloud holds the clip than before would spend the upload and not use
+    it). inf/inf (edge-only) is left out: calibrate runs edge-only."""
     never = base.with_(k=k, verify="meaning", gate_upload=math.inf, gate_verify=math.inf)
     uploads = [u for u in gate_grid(scores, upload_percentiles) if u > 0]
     verifies = gate_grid(scores, verify_percentiles)
-    return [never.with_(gate_upload=up, gate_verify=ver) for up in uploads for ver in verifies
-            if ver <= up and not (math.isinf(up) and math.isinf(ver))]
+    return [never.with_(gate_upload=up, gate_verify=ver) for up in uploads
+            for ver in sorted({*verifies, up}) if ver <= up and not (math.isinf(up) and math.isinf(ver))]
 
 
 def block_scores(gate: MeaningGate, edge_probs: Sequence[torch.Tensor], answer: Sequence[int], k: int,

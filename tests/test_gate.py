@@ -257,15 +257,18 @@ def test_fit_weights_solves_the_hand_computed_fixed_points():
 
 def test_the_sweep_grid_by_hand():
     """Block scores 0..10: gate_upload at the 50/60/70/80/85/90/95th percentiles (5, 6, 7, 8, 8.5, 9,
-    9.5) and inf, gate_verify at 0, the 10/25/50/75th (1, 2.5, 5, 7.5) and inf, never verifying
-    more freely before the upload than after it, and not the edge-only inf/inf: 4 + 4 + 4 + 5 * 5."""
+    9.5) and inf; gate_verify at 0, the 10/25/50/75th (1, 2.5, 5, 7.5) and gate_upload itself, never
+    above gate_upload, and not the edge-only inf/inf. Per upload: 5 -> 0, 1, 2.5, 5 (4); 6, 7 -> the
+    same + itself (5 each); 8, 8.5, 9, 9.5 -> 0, 1, 2.5, 5, 7.5 + itself (6 each); inf -> 0, 1, 2.5,
+    5, 7.5 (5): 4 + 10 + 24 + 5 = 43."""
     grid = sweep(DecodingConfig(), 8, [float(x) for x in range(11)])
     pairs = [(c.gate_upload, c.gate_verify) for c in grid]
-    assert len(pairs) == 37 == len(set(pairs))
+    assert len(pairs) == 43 == len(set(pairs))
     assert all(c.k == 8 and c.verify == "meaning" for c in grid)
     assert {u for u, _ in pairs} == {5.0, 6.0, 7.0, 8.0, 8.5, 9.0, 9.5, math.inf}
-    assert {v for _, v in pairs} == {0.0, 1.0, 2.5, 5.0, 7.5}
+    assert {v for _, v in pairs} == {0.0, 1.0, 2.5, 5.0, 6.0, 7.0, 7.5, 8.0, 8.5, 9.0, 9.5}
     assert all(v <= u for u, v in pairs) and (5.0, 7.5) not in pairs and (math.inf, 7.5) in pairs
+    assert all((u, u) in pairs for u in (5.0, 6.0, 9.5))
 
 
 def test_text_outcome_reads_what_the_sentence_says():
