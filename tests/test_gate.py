@@ -106,6 +106,28 @@ def test_the_first_escalation_uses_gate_upload_and_later_blocks_gate_verify():
     assert any(e.escalated for e in events[up + 1:])
 
 
+def test_sampling_reads_the_distribution_before_the_warpers():
+    """With --sample and temperature 0.5 the gate, like the entropy, reads the rules' distribution
+    before the warpers: each m_j is w[a] times the table row's softmax mass off the drafted token
+    (less 人/是, weight 0), at temperature 1, whichever token was drawn."""
+    edge, cloud = _toy_pair()
+    edge.table[ID["声"], ID["低"]] = 11.0  # 高 e^12 : 低 e^11, so the warped row differs from the plain one
+    events = []
+    speculative_decode(edge, cloud, TOY_INPUTS, TOY_CFG.with_(sample=True, temperature=0.5, seed=3), TOY_MASKS, [0],
+                       on_block=events.append, gate=WORDING_GATE)
+    checked = 0
+    for e in events:
+        before = e.answer[:len(e.answer) - e.accepted - (e.correction is not None)]
+        context = [ID["x"], *before, *e.draft]  # the prompt, the answer before the block, the draft
+        for j, token in enumerate(e.draft):
+            p = torch.softmax(edge.table[context[len(before) + j]].double(), -1)  # a table LM reads one token back
+            expected = WORDING_GATE.weight(token) * float(1 - p[token] - p[ID["人"]] - p[ID["是"]]
+                                                         + (p[token] if token in (ID["人"], ID["是"]) else 0))
+            assert e.meaning[j] == pytest.approx(expected, abs=1e-5)
+            checked += 1
+    assert checked >= 4 and any(e.meaning and max(e.meaning) > 0.2 for e in events)
+
+
 def test_another_task_falls_back_to_the_entropy_gate():
     """A gate fitted on the default description task says nothing about another instruction: the
     same decode with another instruction is exactly the entropy gate's (tokens and decisions)."""
