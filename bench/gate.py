@@ -30,7 +30,12 @@ Run by hand from a checkout (needs espeak-ng for the clips):
    best accuracy any setting reached.
    `--per-clip FILE`: every setting's per-clip numbers on both sets (to try other objectives
    without decoding again).
-   `--trace N,M`: the blocks of measurement clips N, M under the "meaning-1" choice: each draft
+   `--presets-out FILE`: the presets this measurement supports, as TOML to merge into the demo
+   pair's presets files once presets.py reads the gate (docs/meaning-gate.md): fluent on the
+   meaning gate ("meaning-3"; its entropy threshold, the fallback for another task, is today's
+   fluent's), and the fitted `[gate]` table.
+   `--trace N,M`: the blocks of measurement clips N, M under the "meaning-1" choice (or the sweep
+   setting `--trace-setting` names, e.g. "k=6 up=0.485 ver=0.246") and under "entropy-1": each draft
    token with its entropy and meaning score, the block's score against the threshold it was judged
    by (gate_upload before the clip went up, gate_verify after), the decision and the verdict.
 
@@ -67,6 +72,7 @@ from specdec_cli.decoding.gate import MeaningGate  # noqa: E402
 from specdec_cli.demo.heldout import write_heldout  # noqa: E402
 from specdec_cli.evaluate import read_labels, score  # noqa: E402
 from specdec_cli.gate_fit import fit_gate, sweep  # noqa: E402
+from specdec_cli.gate_presets import gate_toml, preset_gate_lines  # noqa: E402
 from specdec_cli.models import ModelPair, load_pair  # noqa: E402
 from specdec_cli.phrases import ATTRIBUTES  # noqa: E402
 from specdec_cli.pipeline import Describer  # noqa: E402
@@ -191,6 +197,28 @@ def trace(pair: ModelPair, clips: ClipSet, i: int, cfg: DecodingConfig, gate: Me
     return lines
 
 
+def staged_presets(cfg: DecodingConfig, gate: MeaningGate, fluent: dict[str, Any], result: dict[str, Any]) -> str:
+    """fluent on the meaning gate + the [gate] table, with what was measured as comments."""
+    cal = result["calibration"]
+    meas = result["measurement"]
+    row = next(v for n, v in meas.items() if n.startswith("meaning-3 ("))
+    cal_row = next(v for n, v in cal.items() if n.startswith("meaning-3 ("))
+    lines = ["# Staged by bench/gate.py: fluent on the meaning gate, chosen within 3 points of cloud-only on",
+             f"# {result['clips']['calibration']} (specdec_cli/calibration_objective.choose, z = 1), measured on",
+             f"# {result['clips']['measurement']}. Merge into specdec_cli/demo/models/{{edge,cloud}}/specdec_presets.toml",
+             "# once presets.py reads gate_upload / gate_verify and the [gate] table (docs/meaning-gate.md).",
+             "", "[fluent]",
+             'description = "cheapest within 3 point(s) of cloud-only, meaning gate (bench/gate.py)"',
+             f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
+             f"threshold = {float(fluent['threshold'])!r}  # the entropy gate's, for another task (today's fluent)",
+             *preset_gate_lines(cfg.gate_upload, cfg.gate_verify)]
+    for name, r in (("calibration", cal_row), ("measurement", row)):
+        lines.append(f"# {name}: zero-cloud {100 * r['zero_cloud_share']:.1f}%, accuracy {r['accuracy']:.1f}%, "
+                     f"cloud calls per token {r['calls_per_token']:.3f}, bytes up per clip {r['bytes_up_per_clip']:.0f}, "
+                     f"cloud work per clip {r['cloud_work_tokens_per_clip']:.1f} tokens")
+    return "\n".join(lines) + "\n\n" + gate_toml(gate, f"fitted by bench/gate.py on {result['clips']['calibration']}")
+
+
 def frontier(sweep: dict[str, SettingScore], n: int) -> list[dict[str, Any]]:
     """Per number of zero-cloud clips, the setting with the best accuracy (the frontier's points)."""
     best: dict[int, tuple[str, SettingScore]] = {}
@@ -212,7 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--frontier", action="store_true", help="also sweep on the measurement set (oracle)")
     ap.add_argument("--per-clip", type=Path, help="write every setting's per-clip numbers here (JSON)")
+    ap.add_argument("--presets-out", type=Path, help="write the supported presets + [gate] table here (TOML)")
     ap.add_argument("--trace", default="", help="measurement clips to trace under meaning-1 (comma list)")
+    ap.add_argument("--trace-setting", default="", help="trace under this sweep setting instead of meaning-1")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     ks = [int(x) for x in args.ks.split(",")]
@@ -313,13 +343,16 @@ def main(argv: list[str] | None = None) -> None:
                         (cal_rows if name.startswith("cal") else meas_rows)["cloud-only"]["accuracy"]), file=sys.stderr)
     traces = [int(x) for x in args.trace.split(",") if x.strip()]
     if traces:
-        cfg = configs[chosen["meaning-1"][0]]
-        result["traces"] = {meas.names[i]: trace(pair, meas, i, cfg, gate) for i in traces}
-        result["traces_entropy"] = {meas.names[i]: trace(pair, meas, i, configs[chosen["entropy-1"][0]], gate)
-                                    for i in traces}
-        for key, label in (("traces", "meaning-1"), ("traces_entropy", "entropy-1")):
+        traced = {"traces": args.trace_setting or chosen["meaning-1"][0], "traces_entropy": chosen["entropy-1"][0]}
+        for key, setting in traced.items():
+            result[key] = {meas.names[i]: trace(pair, meas, i, configs[setting], gate) for i in traces}
+            result[key + "_setting"] = setting
             for name, lines in result[key].items():
-                print(f"\n{name} ({label}: {chosen[label][0]}):\n" + "\n".join(lines), file=sys.stderr)
+                print(f"\n{name} ({setting}):\n" + "\n".join(lines), file=sys.stderr)
+    result["gate_toml"] = gate_toml(gate, f"fitted by bench/gate.py on {result['clips']['calibration']}")
+    if args.presets_out:
+        args.presets_out.write_text(staged_presets(configs[chosen["meaning-3"][0]], gate, presets["fluent"], result),
+                                    encoding="utf-8")
     if args.per_clip:
         args.per_clip.write_text(json.dumps({s: {n: [list(vars(c).values()) for c in cs] for n, cs in d.items()}
                                              for s, d in per_clip.items()}), encoding="utf-8")
