@@ -75,8 +75,8 @@ from specdec_cli.gate_fit import fit_gate, sweep  # noqa: E402
 from specdec_cli.gate_presets import gate_toml, preset_gate_lines  # noqa: E402
 from specdec_cli.models import ModelPair, load_pair  # noqa: E402
 from specdec_cli.phrases import ATTRIBUTES  # noqa: E402
-from specdec_cli.pipeline import Describer  # noqa: E402
 from specdec_cli.presets import resolve  # noqa: E402
+from specdec_cli.prompt import render_prompt  # noqa: E402
 from specdec_cli.remote.wire import encode_audio, tokenizer_fingerprint  # noqa: E402
 
 
@@ -85,12 +85,12 @@ class ClipSet:
 
     def __init__(self, pair: ModelPair, directory: Path) -> None:
         clips = read_labels(directory / "labels.jsonl", directory)
-        describer = Describer(pair)
         rate = pair.processor.sampling_rate
         audios = [load_audio(c.path, rate, pair.processor.max_seconds) for c in clips]
         self.names = [c.file for c in clips]
         self.labels = [c.labels for c in clips]
-        self.inputs = [describer.inputs(a, DecodingConfig()) for a in audios]
+        # The thinker inputs for the default task, as `specdec describe` builds them.
+        self.inputs = [pair.processor(a, render_prompt()).to(pair.edge.device) for a in audios]
         self.upload = [len(encode_audio(a, rate)[0]) for a in audios]
 
 
