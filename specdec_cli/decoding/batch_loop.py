@@ -38,14 +38,15 @@ from .acceptance import Verdict, first_argmax
 from .batch_state import BatchState
 from .config import DecodingConfig
 from .drafter import Drafting, Proposal
+from .gate import MeaningGate, active
 from .loop import (
     BlockEvent,
     DecodeResult,
     DecodeStats,
-    block_uncertainty,
     count_work,
     escalation_reason,
     extend,
+    new_event,
 )
 from .processors import DecodingRules, VocabMasks
 from .verifier import AcceptanceRule, TargetScores, judge
@@ -82,6 +83,7 @@ def speculative_decode_batch(
     on_block: Callable[[Hashable, BlockEvent], None] | None = None,
     batch_prefill: bool = False,
     seeds: Callable[[Hashable], int] | None = None,
+    gate: MeaningGate | None = None,
 ) -> Iterator[tuple[Hashable, DecodeResult]]:
     """Decode `clips` ((key, thinker inputs) pairs, keys distinct), up to `batch_size` in flight;
     yields (key, result) as each clip ends, in the order they end. A clip's inputs are read from
@@ -94,9 +96,12 @@ def speculative_decode_batch(
     on a GPU, where a forward's cost is mostly its launch, together should win: measure.
 
     `seeds`: with `cfg.sample`, the seed of each row's generator, by key (default: `cfg.seed` for
-    every row, as each clip's batch-1 run has it)."""
+    every row, as each clip's batch-1 run has it).
+
+    `gate`: the pair's meaning gate, as for `speculative_decode`."""
     assert batch_size >= 1, "batch_size must be at least 1"
     edge, cloud = BatchState(edge_model, "edge"), BatchState(cloud_model, "cloud")
+    meaning = active(cfg, gate)
     incoming = iter(clips)
     rows: dict[Hashable, _Clip] = {}
 
@@ -118,10 +123,11 @@ def speculative_decode_batch(
             return
 
         # 2. Draft up to k tokens per row, never past max_new_tokens.
-        proposals = _draft_all(edge, rows, cfg)
+        proposals = _draft_all(edge, rows, cfg, meaning)
 
-        # 3. Gate.
-        reasons = {key: escalation_reason(cfg, proposals[key], row.answer) for key, row in rows.items()}
+        # 3. Gate (for a row the cloud holds already, the meaning gate's verify threshold).
+        held = {key: key in cloud for key in rows}
+        reasons = {key: escalation_reason(cfg, proposals[key], row.answer, held[key]) for key, row in rows.items()}
 
         # 4. Verify the escalated rows: one cloud forward for the rows it holds, a lazy prefill for the others.
         verdicts = _verify_all(cloud, {key: rows[key] for key in rows if reasons[key]}, proposals, acceptance,
@@ -130,9 +136,7 @@ def speculative_decode_batch(
         finished = []
         for key, row in rows.items():
             proposal, reason = proposals[key], reasons[key]
-            event = BlockEvent(len(row.events), proposal.tokens, proposal.entropies,
-                               block_uncertainty(proposal.entropies, cfg.uncertainty), bool(reason), reason,
-                               accepted=len(proposal.tokens))
+            event = new_event(len(row.events), cfg, proposal, reason, held[key])
             new_tokens = list(proposal.tokens)
             if reason:
                 verdict, fed, prefilled = verdicts[key]
@@ -171,12 +175,13 @@ def _join(state: BatchState, joining: dict[Hashable, tuple], together: bool) -> 
     return {key: state.join(key, *join) for key, join in joining.items()}
 
 
-def _draft_all(edge: BatchState, rows: dict[Hashable, _Clip], cfg: DecodingConfig) -> dict[Hashable, Proposal]:
+def _draft_all(edge: BatchState, rows: dict[Hashable, _Clip], cfg: DecodingConfig,
+               gate: MeaningGate | None = None) -> dict[Hashable, Proposal]:
     """Every row's proposal (drafter.propose per row, the edge's forwards shared): first the
     catch-up (the tokens each row's edge has not consumed, in one forward; a row with none reads the
     logits it kept), then one forward per draft position for the rows still drafting."""
     drafts = {key: Drafting(row.sequence, min(cfg.k, row.prompt_len + cfg.max_new_tokens - len(row.sequence)),
-                            row.rules, row.generator) for key, row in rows.items()}
+                            row.rules, row.generator, gate) for key, row in rows.items()}
     catch_up = {key: edge[key].pending(row.sequence) for key, row in rows.items()}
     logits = {key: edge[key].last_logits for key, pending in catch_up.items() if not pending}
     assert all(v is not None for v in logits.values()), "edge has no logits for a row's first draft position"

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 Mode = Literal["spec", "edge", "cloud"]
-Verify = Literal["entropy", "always"]
+Verify = Literal["entropy", "always", "meaning"]
 Uncertainty = Literal["sum", "max", "mean"]
 
 
@@ -17,7 +17,15 @@ class DecodingConfig:
     k: int = 4                      # draft block length
     threshold: float = 5.5          # escalate when block uncertainty (nats) exceeds this; inf = never
     uncertainty: Uncertainty = "sum"
-    verify: Verify = "entropy"      # "always": every block verified (lossless)
+    verify: Verify = "entropy"      # "always": every block verified (lossless); "meaning": the meaning gate
+    # The meaning gate (decoding/gate.py, verify="meaning"): escalate a block whose meaning score
+    # (expected changes to what the sentence says, aggregated by `uncertainty`) exceeds gate_upload
+    # while the cloud has not heard the clip (escalating uploads it and runs the cloud's prefill),
+    # gate_verify once it has (a verification is then one forward over a few tokens). Without a gate
+    # fitted on this task, verify="meaning" is the entropy gate with `threshold`; threshold = inf
+    # still means the cloud is never consulted.
+    gate_upload: float = 0.5
+    gate_verify: float = 0.5
     constraints: bool = True        # False: plain decoding, no processors (comparable with plain HF generate)
     max_new_tokens: int = 64
     sample: bool = False
@@ -47,6 +55,10 @@ class DecodingConfig:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if math.isnan(self.threshold) or self.threshold < 0:
             raise ValueError(f"threshold must be a non-negative number or inf, got {self.threshold}")
+        for name in ("gate_upload", "gate_verify"):
+            value = getattr(self, name)
+            if math.isnan(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number or inf, got {value}")
         if self.no_repeat_ngram < 2:
             raise ValueError(f"no_repeat_ngram must be at least 2, got {self.no_repeat_ngram}")
         if self.comma_min_chars < 0 or self.stop_min_chars < 0:
@@ -65,8 +77,8 @@ class DecodingConfig:
                 raise ValueError(f"{name} must not hold special tokens such as <|AUDIO|>, got {value!r}")
         if self.mode not in ("spec", "edge", "cloud"):
             raise ValueError(f"mode must be spec, edge or cloud, got {self.mode!r}")
-        if self.verify not in ("entropy", "always"):
-            raise ValueError(f"verify must be entropy or always, got {self.verify!r}")
+        if self.verify not in ("entropy", "always", "meaning"):
+            raise ValueError(f"verify must be entropy, always or meaning, got {self.verify!r}")
         if self.uncertainty not in ("sum", "max", "mean"):
             raise ValueError(f"uncertainty must be sum, max or mean, got {self.uncertainty!r}")
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .acceptance import draw
+from .gate import MeaningGate
 from .processors import DecodingRules
 from .state import ModelState
 
@@ -21,6 +22,7 @@ class Proposal:
     entropies: list[float]             # nats, of the edge's processed distribution at each token
     draft_probs: torch.Tensor | None   # [n, V] when sampling: exactly what each token was drawn from
     loop: bool = False                 # a draft token completes a tandem repeat (rules.shows_loop)
+    meaning: list[float] | None = None  # per draft token, the meaning gate's m_j (gate.py); None: no gate
 
 
 def entropy(scores: torch.Tensor) -> float:
@@ -32,9 +34,10 @@ def entropy(scores: torch.Tensor) -> float:
 
 def pick(scores: torch.Tensor, generator: torch.Generator | None,
          banned: Sequence[np.ndarray] | np.ndarray = (), raw: torch.Tensor | None = None,
-         changed: np.ndarray | None = None) -> tuple[int, float, torch.Tensor | None]:
+         changed: np.ndarray | None = None, keep: bool = False) -> tuple[int, float, torch.Tensor | None]:
     """The token (greedy when `generator` is None: argmax; else drawn from softmax(scores)), the
-    entropy of softmax(scores) in nats, and the probabilities when sampling.
+    entropy of softmax(scores) in nats, and the probabilities when sampling (or when `keep`: the
+    meaning gate reads them, at no extra softmax).
 
     One softmax per row serves both: H = lse - Σ p·x, with lse = x[a] - log p[a] at the argmax a.
     At 152k rows that is one pass less than log_softmax + exp, and numpy's argmax / dot are ~10x
@@ -70,19 +73,23 @@ def pick(scores: torch.Tensor, generator: torch.Generator | None,
     h = float(x[best]) - math.log(float(p[best])) - mean
     if not math.isfinite(h):
         h = entropy(scores)
-    return token, max(h, 0.0), (probs if generator is not None else None)
+    return token, max(h, 0.0), (probs if generator is not None or keep else None)
 
 
 class Drafting:
     """One row's draft in progress, fed one edge logits row at a time: `step(logits)` picks the
     next token and says which token the edge must consume before the next step (None: the draft
     is complete). `propose` drives it for one ModelState; the batched loop drives one per row, the
-    edge's forwards shared (batch_loop.py)."""
+    edge's forwards shared (batch_loop.py). With a `gate` (the meaning gate, gate.py), each position's
+    meaning score is read from the same distribution as its entropy."""
 
-    def __init__(self, sequence: list[int], k: int, rules: DecodingRules, generator: torch.Generator | None) -> None:
+    def __init__(self, sequence: list[int], k: int, rules: DecodingRules, generator: torch.Generator | None,
+                 gate: MeaningGate | None = None) -> None:
         self.sequence, self.k, self.rules, self.generator = sequence, k, rules, generator
+        self.gate = gate
         self.tokens: list[int] = []
         self.entropies: list[float] = []
+        self.meaning: list[float] | None = [] if gate is not None else None
         self.probs: list[torch.Tensor] = []
 
     def step(self, logits: torch.Tensor) -> int | None:
@@ -101,15 +108,20 @@ class Drafting:
         width = scores.shape[-1]
         changed = rules.changed_ids(context, width, warp=False)
         warped = self.generator is not None and rules.warps
+        gate_on = self.gate is not None
         token, h, p = pick(scores, None if warped else self.generator,
                            () if changed is not None else rules.banned_parts(context, width),
-                           raw=logits if changed is not None else None, changed=changed)
+                           raw=logits if changed is not None else None, changed=changed,
+                           keep=gate_on)
+        gate_p = p  # the rules' distribution, before the warpers: what the meaning gate reads, as the entropy
         if warped:
             p = torch.softmax(rules.warp(context, scores), dim=-1)
             token = draw(p, self.generator)
         self.tokens.append(token)
         self.entropies.append(h)
-        if p is not None:
+        if self.gate is not None and self.meaning is not None and gate_p is not None:
+            self.meaning.append(self.gate.score(gate_p.numpy(), token))
+        if p is not None and self.generator is not None:
             self.probs.append(p)
         if len(self.tokens) == self.k or rules.stops(self.sequence + self.tokens):
             return None
@@ -117,14 +129,15 @@ class Drafting:
 
     def proposal(self) -> Proposal:
         loop = self.rules.shows_loop(self.sequence + self.tokens, len(self.sequence))
-        return Proposal(self.tokens, self.entropies, torch.stack(self.probs) if self.probs else None, loop)
+        return Proposal(self.tokens, self.entropies, torch.stack(self.probs) if self.probs else None, loop,
+                        self.meaning)
 
 
 def propose(edge: ModelState, sequence: list[int], k: int, rules: DecodingRules,
-            generator: torch.Generator | None) -> Proposal:
+            generator: torch.Generator | None, gate: MeaningGate | None = None) -> Proposal:
     """Draft up to k tokens after `sequence` (prompt + accepted answer), one edge forward per
     token after the first (see Drafting)."""
-    drafting = Drafting(sequence, k, rules, generator)
+    drafting = Drafting(sequence, k, rules, generator, gate)
     feed = drafting.step(edge.logits_after(sequence))  # [V]
     while feed is not None:
         feed = drafting.step(edge.advance([feed])[-1])

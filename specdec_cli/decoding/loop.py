@@ -2,7 +2,8 @@
 
     1. prefill the edge on the multimodal prompt; the cloud only remembers it (lazy prefill)
     2. the edge drafts up to k tokens (catching up first on tokens it has not consumed)
-    3. gate: escalate if the block's uncertainty exceeds the threshold, if a loop shows, or always
+    3. gate: escalate if the block's uncertainty exceeds the threshold (the entropy gate), or its
+       meaning score exceeds the meaning gate's (gate.py, verify="meaning"), if a loop shows, or always
     4. the cloud scores [its unseen tokens + the draft] in one forward — on the first escalation
        that is the prompt with the audio, the accepted answer and the draft; a rule decides
     5. both caches are cut back to the accepted prefix
@@ -25,6 +26,7 @@ from transformers import PreTrainedModel
 from .acceptance import Verdict
 from .config import DecodingConfig
 from .drafter import Proposal, propose
+from .gate import GateReading, MeaningGate, active, read
 from .processors import DecodingRules, VocabMasks
 from .state import ModelState
 from .verifier import AcceptanceRule, LocalCloud
@@ -55,7 +57,7 @@ class BlockEvent:
     entropies: list[float]             # nats, per draft token
     uncertainty: float                 # sum / max / mean of entropies
     escalated: bool
-    reason: str                        # "entropy" | "loop" | "always" | "" (not escalated)
+    reason: str                        # "entropy" | "meaning" | "loop" | "always" | "" (not escalated)
     accepted: int                      # draft tokens kept
     correction: int | None = None      # the cloud's recovered or bonus token
     correction_kind: str | None = None  # "recovered" | "bonus"
@@ -63,6 +65,14 @@ class BlockEvent:
     cloud_prefill_tokens: int = 0      # prompt tokens the cloud ran for this block (lazy prefill)
     answer: list[int] = field(default_factory=list)  # answer ids after this block
     done: bool = False
+    # Why the block stayed or went up (the trace and the plot show it): the gate that read it
+    # ("entropy" or "meaning"), the score it compared and the threshold it compared it with (up
+    # when score > limit, unless a loop or verify=always decided), and the meaning gate's
+    # per-token scores (None without it).
+    gate: str = "entropy"
+    score: float | None = None
+    limit: float | None = None
+    meaning: list[float] | None = None
 
 
 @dataclass
@@ -119,10 +129,19 @@ def block_uncertainty(entropies: list[float], how: str) -> float:
     return sum(entropies)
 
 
-def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int]) -> str:
+def gate_reading(cfg: DecodingConfig, proposal: Proposal, held: bool = False) -> GateReading:
+    """The gate's reading of a block: the meaning gate's when the proposal carries meaning scores
+    (the loop computes them only when a gate fitted on this task is active), else the entropy
+    gate's. `held`: whether the cloud already holds the clip (the meaning gate's threshold then is
+    cfg.gate_verify, not cfg.gate_upload)."""
+    return read(cfg, proposal.entropies, proposal.meaning, held)
+
+
+def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int], held: bool = False) -> str:
     """Why this block goes to the cloud, or "" if it does not. A threshold of +inf means the cloud
     is never consulted (edge-only through this loop); otherwise a detected loop escalates whatever
-    the entropy, because a looping edge is often confident (F11)."""
+    the entropy, because a looping edge is often confident (F11). Then the gate: "entropy" or
+    "meaning" when the block's score exceeds its threshold (gate_reading)."""
     if cfg.verify == "always":
         return "always"
     if cfg.threshold == float("inf"):
@@ -133,9 +152,8 @@ def escalation_reason(cfg: DecodingConfig, proposal: Proposal, answer: list[int]
     # (F10). Tandem, not "an n-gram seen before": descriptions repeat 适中 and 音 at a distance.
     if cfg.constraints and proposal.loop:
         return "loop"
-    if block_uncertainty(proposal.entropies, cfg.uncertainty) > cfg.threshold:
-        return "entropy"
-    return ""
+    reading = gate_reading(cfg, proposal, held)
+    return reading.gate if reading.score > reading.limit else ""
 
 
 def speculative_decode(
@@ -148,13 +166,16 @@ def speculative_decode(
     on_block: Callable[[BlockEvent], None] | None = None,
     lazy_prefill: bool = True,
     acceptance: AcceptanceRule | None = None,
+    gate: MeaningGate | None = None,
 ) -> DecodeResult:
     """Decode one clip. With `lazy_prefill` (the default) the cloud runs nothing until the first
     escalation, so a clip the edge handles alone costs the cloud nothing and never leaves the
     device; `lazy_prefill=False` prefills the cloud up front (same tokens, more cloud work).
     `acceptance` replaces the greedy rule (bench/synthetic.py's accept-with-probability-alpha);
     None: greedy match, or rejection sampling with `cfg.sample`. `cloud_model` is a model (scored
-    in this process) or a `Cloud` for this clip (e.g. a session on a remote server)."""
+    in this process) or a `Cloud` for this clip (e.g. a session on a remote server). `gate`: the
+    pair's meaning gate, used when cfg.verify is "meaning" and it was fitted on cfg's task (else
+    the entropy gate decides)."""
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
     edge = ModelState(edge_model, "edge")
     cloud: Cloud = LocalCloud(cloud_model) if isinstance(cloud_model, torch.nn.Module) else cloud_model
@@ -167,6 +188,7 @@ def speculative_decode(
         cloud.prefill(inputs)
     prompt_len = len(edge)
     rules = DecodingRules.build(cfg, masks, prompt_len, eos_ids)
+    meaning = active(cfg, gate)
     sequence = list(edge.ids)          # prompt + accepted answer: the one sequence of record
     stats = DecodeStats()
     events: list[BlockEvent] = []
@@ -175,14 +197,13 @@ def speculative_decode(
     while not done:
         # 2. Draft up to k tokens, never past max_new_tokens.
         budget = min(cfg.k, prompt_len + cfg.max_new_tokens - len(sequence))
-        proposal = propose(edge, sequence, budget, rules, generator)
+        proposal = propose(edge, sequence, budget, rules, generator, meaning)
         answer = sequence[prompt_len:]
 
         # 3. Gate.
-        reason = escalation_reason(cfg, proposal, answer)
-        event = BlockEvent(len(events), proposal.tokens, proposal.entropies,
-                           block_uncertainty(proposal.entropies, cfg.uncertainty), bool(reason), reason,
-                           accepted=len(proposal.tokens))
+        held = cloud.prefill_tokens > 0
+        reason = escalation_reason(cfg, proposal, answer, held)
+        event = new_event(len(events), cfg, proposal, reason, held)
         new_tokens = list(proposal.tokens)
 
         if reason:
@@ -214,6 +235,15 @@ def speculative_decode(
     stats.tokens = len(sequence) - prompt_len
     count_work(stats, edge, cloud)
     return DecodeResult(sequence[prompt_len:], stats, events)
+
+
+def new_event(index: int, cfg: DecodingConfig, proposal: Proposal, reason: str, held: bool) -> BlockEvent:
+    """A block's event before the cloud's verdict: the draft, the gate's reading, the decision."""
+    reading = gate_reading(cfg, proposal, held)
+    return BlockEvent(index, proposal.tokens, proposal.entropies,
+                      block_uncertainty(proposal.entropies, cfg.uncertainty), bool(reason), reason,
+                      accepted=len(proposal.tokens), gate=reading.gate, score=reading.score, limit=reading.limit,
+                      meaning=proposal.meaning)
 
 
 def extend(sequence: list[int], tokens: list[int], rules: DecodingRules) -> bool:
