@@ -174,6 +174,8 @@ def test_each_segment_is_described_as_its_cut_alone(recording, tmp_path):
     assert n >= 3
     assert [(r["file"], r["segment"], r["segments"]) for r in records] == [(str(path), i, n) for i in range(n)]
     assert all(r["error"] is None and r["description"] and r["settings"]["segment"] is True for r in records)
+    table = (ROOT / "docs" / "records.md").read_text(encoding="utf-8")  # the record contract names them
+    assert all(f"| `{name}`" in table for name in ("segment", "segments", "start_s`, `end_s", "settings.segment"))
     for before, after in zip(records, records[1:], strict=False):
         assert before["end_s"] == after["start_s"]
         assert in_a_silence(round(before["end_s"] * SR), silences)
@@ -236,3 +238,16 @@ def test_a_batch_killed_mid_recording_resumes_at_the_next_segment(recording, tmp
         if Path(r["file"]).name == "long.wav":
             assert {k: v for k, v in r.items() if k not in VOLATILE} == \
                 {k: v for k, v in by_segment[r["segment"]].items() if k not in VOLATILE}
+
+
+def test_segment_does_not_go_with_ray_yet(recording, tmp_path):
+    """Refused in one line before anything is opened or loaded (the Ray path writes one record per file)."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.commands.app import app
+
+    result = CliRunner().invoke(app, ["batch", str(recording[0].parent), "--out", str(tmp_path / "r.jsonl"),
+                                      "--segment", "--ray", "auto"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: --segment does not go with --ray yet; run the segmented batch without --ray\n"
+    assert not (tmp_path / "r.jsonl").exists()

@@ -81,9 +81,9 @@ def batch(
     found = find_audio(directory, recursive, hidden)
     files = found.files
     overrides = explicit(**decoding.given)
-    ray_options = _ray_options(ray, workers, gpus_per_worker, ship_audio, models.device)
-    if segment and ray_options is not None:
+    if segment and ray is not None:
         raise InputError("--segment does not go with --ray yet; run the segmented batch without --ray")
+    ray_options = _ray_options(ray, workers, gpus_per_worker, ship_audio, models.device)
     to_stdout = str(out) == "-"
     if to_stdout and overwrite:
         raise InputError("--overwrite starts a results file over; --out - writes to stdout, which has nothing to "
