@@ -126,14 +126,22 @@ def test_unbroken_sound_is_cut_at_the_window_and_silence_is_left_out(tmp_path):
         open_recording(tmp_path / "hush.wav", SR, WINDOW_S)
 
 
-def test_a_recording_is_read_under_its_own_cap(tmp_path):
+def test_a_recording_is_read_under_its_own_cap(tmp_path, monkeypatch):
     """--segment's bound is separate from a clip's: a header over it is refused before decoding; a
-    FLAC that does not say its length is refused once one frame past the cap is decoded."""
+    FLAC that does not say its length is refused once one frame past the cap is decoded, read in
+    blocks of at most BLOCK_FRAMES (the oracle: soundfile's own reads, counted)."""
+    from specdec_cli.audio import BLOCK_FRAMES
+
+    reads: list[int] = []
+    real = sf.SoundFile.read
+    monkeypatch.setattr(sf.SoundFile, "read", lambda self, *a, **k: reads.append(len(out := real(self, *a, **k)))
+                        or out)
     honest = write_clip(tmp_path / "honest.flac", seconds=120, sr=1000)
     with pytest.raises(InputError) as info:
         open_recording(honest, SR, WINDOW_S, cap_seconds=60.0)
     assert info.value.message == (f"{honest} is 120.0 s long; --segment reads at most 60.0 s per file: cut it "
                                   "into shorter files")
+    assert reads == []
     streamed = tmp_path / "streamed.flac"
     sf.write(str(streamed), tone(70.0), SR, format="FLAC", subtype="PCM_16")
     streamed.write_bytes(flac_with_total(streamed.read_bytes(), 0))
@@ -141,6 +149,7 @@ def test_a_recording_is_read_under_its_own_cap(tmp_path):
         open_recording(streamed, SR, WINDOW_S, cap_seconds=60.0)
     assert info.value.message == (f"{streamed} is over 60.0 s long; --segment reads at most 60.0 s per file: cut "
                                   "it into shorter files")
+    assert sum(reads) == 60 * SR + 1 and max(reads) <= BLOCK_FRAMES
     cuts = open_recording(streamed, SR, WINDOW_S).segments  # under the default cap (4 h): read whole
     assert len(cuts) >= 3 and cuts[-1].end == 70 * SR
 
