@@ -114,7 +114,7 @@ def plan(blocks: Iterable[np.ndarray], rate: int, window_s: float, min_s: float 
             elif len(block):
                 held.append(block)
                 count += len(block)
-        rest = np.concatenate(held) if len(held) != 1 else held[0]
+        rest = held[0] if len(held) == 1 else np.concatenate(held) if held else np.zeros(0, dtype=np.float32)
         if ended and count <= window:
             cut = count
         else:

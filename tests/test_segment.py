@@ -124,6 +124,12 @@ def test_unbroken_sound_is_cut_at_the_window_and_silence_is_left_out(tmp_path):
     write_clip(tmp_path / "hush.wav", seconds=40, amplitude=0.0)
     with pytest.raises(InputError, match=r"hush.wav is silent \(peak below -60 dBFS\)"):
         open_recording(tmp_path / "hush.wav", SR, WINDOW_S)
+    sf.write(str(tmp_path / "none.wav"), np.zeros(0, dtype=np.float32), SR)
+    with pytest.raises(InputError, match=r"none.wav holds no audio samples; give a clip of at least 0.1 s"):
+        open_recording(tmp_path / "none.wav", SR, WINDOW_S)
+    write_clip(tmp_path / "short.wav", seconds=0.05)
+    with pytest.raises(InputError, match=r"short.wav is 0.050 s long; give a clip of at least 0.1 s"):
+        open_recording(tmp_path / "short.wav", SR, WINDOW_S)
 
 
 def test_a_recording_is_read_under_its_own_cap(tmp_path, monkeypatch):
