@@ -8,6 +8,11 @@ read under the same bound and judged by its real length, never cut. numpy, sound
 the CLI checks paths before paying for them, and librosa (numba, scipy.signal: over a second) only
 when a clip's rate differs from the model's. Each refusal is an InputError whose one line says what is wrong and what
 to do. Loudness is never normalised: volume is one of the attributes the model describes.
+
+A recording longer than the model's window is refused unless the caller asks for it in segments
+(`--segment`, segments.py): `recording_info` and `mono_blocks` read it under their own, explicit
+bound (MAX_RECORDING_SECONDS) as a forward stream of mono blocks, so memory stays at one block
+whatever the file's length, and the normal path's bound above is untouched.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import math
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +42,13 @@ SILENCE_DBFS = -60.0
 MAX_SAMPLES_PER_SECOND = 768_000
 # libsndfile's frame count for a stream whose header does not say its length (SF_COUNT_MAX).
 UNKNOWN_FRAMES = 2**63 - 1
+
+# --segment reads a recording whole, up to this: what one file may cost in decoding time and records
+# (4 h of a 30 s window is at most 480 segments). Memory does not grow with it: the recording is read
+# as a stream of blocks (mono_blocks), never held whole.
+MAX_RECORDING_SECONDS = 4 * 3600.0
+# Frames per block of that stream (at most 2 s of a 384 kHz stereo file: 6 MB of float32).
+BLOCK_FRAMES = 1 << 18
 
 # libsndfile format name -> file suffixes we accept for it.
 _FORMAT_SUFFIXES = {"WAV": (".wav",), "FLAC": (".flac",), "OGG": (".ogg",), "MP3": (".mp3",)}
@@ -99,11 +112,7 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
     With `data`, the clip is those bytes (the file's content, read elsewhere: a Ray driver ships
     them to workers that cannot see its disk) and `path` only names it in messages."""
     path = Path(path)
-    if data is None:
-        check_path(path)
-    elif not data:
-        raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
-    info = _info(path, data)
+    info = _opened(path, data)
     limit = _check_header(info, path, max_seconds)
     try:
         samples = _decode(path, data, info, limit)
@@ -113,12 +122,24 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
     if samples.shape[0] > limit:
         raise InputError(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
-                         "per clip: cut it into shorter clips")
+                         f"per clip: {segment_hint(max_seconds)}")
     return _checked(samples, info.samplerate, sampling_rate, max_seconds, path)
 
 
-def _check_header(info, path: Path, max_seconds: float) -> int:
-    """What the header says, checked before anything is decoded; the most frames the clip may hold."""
+def _opened(path: Path, data: bytes | None):  # -> soundfile's info record, the file known readable
+    if data is None:
+        check_path(path)
+    elif not data:
+        raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
+    return _info(path, data)
+
+
+def segment_hint(max_seconds: float) -> str:
+    """What to do with a clip over the window: the option that describes it in segments."""
+    return f"add --segment to cut it at pauses into segments of at most {max_seconds:g} s"
+
+
+def _check_format(info, path: Path) -> None:
     rate, channels = info.samplerate, info.channels
     if rate <= 0 or channels <= 0:
         raise InputError(f"cannot decode {path} as audio (its header gives {rate} Hz, {channels} channels); "
@@ -126,11 +147,25 @@ def _check_header(info, path: Path, max_seconds: float) -> int:
     if rate * channels > MAX_SAMPLES_PER_SECOND:
         raise InputError(f"{path} holds {channels} channels at {rate} Hz, over the {MAX_SAMPLES_PER_SECOND:,} "
                          "samples per second specdec decodes; downmix or resample it (the model hears 16 kHz mono)")
+
+
+def _stated_seconds(info) -> float | None:
+    """The length the header states, when it can be trusted before decoding: not a stream's (no
+    count), nor an MP3's (without a Xing frame it is an estimate from the first frame's bitrate)."""
+    if info.frames == UNKNOWN_FRAMES or info.format == "MP3":
+        return None
+    return info.frames / info.samplerate
+
+
+def _check_header(info, path: Path, max_seconds: float) -> int:
+    """What the header says, checked before anything is decoded; the most frames the clip may hold."""
+    _check_format(info, path)
+    rate = info.samplerate
     # The header tells the length before anything is decoded, so a 2-hour file is refused at once.
-    # Not an MP3's: without a Xing frame its length is an estimate from the first frame's bitrate.
-    if info.frames != UNKNOWN_FRAMES and info.format != "MP3" and info.frames / rate > max_seconds:
+    stated = _stated_seconds(info)
+    if stated is not None and stated > max_seconds:
         raise InputError(f"{path} is {info.frames / rate:.1f} s long; the model takes at most "
-                         f"{max_seconds:g} s per clip: cut it into shorter clips")
+                         f"{max_seconds:g} s per clip: {segment_hint(max_seconds)}")
     return math.floor(max_seconds * rate)
 
 
@@ -139,16 +174,24 @@ def _decode(path: Path, data: bytes | None, info, limit: int) -> np.ndarray:
     capped at (or sized by) the header's count, so the caller sees the clip's real length up to the
     bound. An MP3 without a length header goes through a pipe: libsndfile then reads it to its end
     (given the file, it stops at its estimate, silently cutting a VBR MP3)."""
+    with _forward(path, data, info) as f:
+        return f.read(limit + 1, dtype="float32", always_2d=True)
+
+
+@contextlib.contextmanager
+def _forward(path: Path, data: bytes | None, info) -> Iterator:
+    """The clip opened as a forward stream (see _decode)."""
     import soundfile as sf
 
     if info.format == "MP3":
         with _mp3_pipe(path, data) as stream:
             if stream.frames == UNKNOWN_FRAMES:
-                return stream.read(limit + 1, dtype="float32", always_2d=True)
+                yield stream
+                return
     with _forward_only(sf)(_source(path, data)) as f:
         if sf.SoundFile.seekable(f):
             f.seek(0)  # as soundfile.read does: libmpg123's first samples differ without it
-        return f.read(limit + 1, dtype="float32", always_2d=True)
+        yield f
 
 
 @functools.cache
@@ -206,18 +249,27 @@ def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float
         raise InputError(f"{path} is {seconds:.3f} s long; give a clip of at least {MIN_SECONDS:g} s")
     if seconds > max_seconds:  # headers of some compressed files under-report the length
         raise InputError(f"{path} is {seconds:.1f} s long; the model takes at most {max_seconds:g} s "
-                         "per clip: cut it into shorter clips")
+                         f"per clip: {segment_hint(max_seconds)}")
     if not np.isfinite(data).all():
         raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
     return _prepare(data, rate, sampling_rate, path)
 
 
-def _prepare(data: np.ndarray, rate: int, sampling_rate: int, path: Path) -> np.ndarray:
-    import numpy as np
-
+def _mono(data: np.ndarray) -> np.ndarray:
     # The mean of the channels, as the model hears them: what librosa.to_mono computes (tested
     # against it), without importing librosa for every clip.
-    mono = data[:, 0] if data.shape[1] == 1 else data.mean(axis=1)
+    return data[:, 0] if data.shape[1] == 1 else data.mean(axis=1)
+
+
+def _prepare(data: np.ndarray, rate: int, sampling_rate: int, path: Path) -> np.ndarray:
+    return prepare_mono(_mono(data), rate, sampling_rate, path)
+
+
+def prepare_mono(mono: np.ndarray, rate: int, sampling_rate: int, path: Path | str) -> np.ndarray:
+    """Mono samples at `rate` as the model hears them (at `sampling_rate`), refused when silent: a
+    clip's last step, and each segment's (segments.py)."""
+    import numpy as np
+
     peak = float(np.abs(mono).max())
     if peak < 10 ** (SILENCE_DBFS / 20):
         raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
@@ -242,3 +294,71 @@ def prepare_waveform(samples: np.ndarray, rate: int, sampling_rate: int, max_sec
         raise InputError(f"{name}: give samples as [frames] or [frames, channels] with a positive rate, "
                          f"got shape {tuple(np.shape(samples))} at {rate} Hz")
     return _checked(data, int(rate), sampling_rate, max_seconds, Path(name))
+
+
+# -- long recordings (--segment) ---------------------------------------------------------------------
+
+def recording_info(path: Path, data: bytes | None = None, cap_seconds: float = MAX_RECORDING_SECONDS):
+    """Open a recording for `mono_blocks`: the checks load_audio makes before decoding, with the
+    recordings' cap for the length the header states (refused at once, before any decoding)."""
+    info = _opened(path, data)
+    _check_format(info, path)
+    stated = _stated_seconds(info)
+    if stated is not None and stated > cap_seconds:
+        raise _over_cap(path, f"{_hours(stated)} long", cap_seconds)
+    return info
+
+
+def mono_blocks(path: Path, data: bytes | None, info, cap_seconds: float = MAX_RECORDING_SECONDS,
+                block_frames: int = BLOCK_FRAMES) -> Iterator[np.ndarray]:
+    """The recording as consecutive blocks of mono float32 samples at its own rate, read forward
+    (as _decode reads a clip) and checked as they come: decoding stops, refused, past
+    `cap_seconds` (+ 1 frame, whatever the header said) or at a NaN or infinite sample. Each block
+    is at most `block_frames` long; only one is held at a time."""
+    import numpy as np
+
+    cap = math.floor(cap_seconds * info.samplerate)
+    total = 0
+    try:
+        with _forward(path, data, info) as f:
+            while total <= cap:
+                block = f.read(min(block_frames, cap + 1 - total), dtype="float32", always_2d=True)
+                if block.shape[0] == 0:
+                    return
+                total += block.shape[0]
+                if total > cap:
+                    raise _over_cap(path, f"over {_hours(cap_seconds)} long", cap_seconds)
+                if not np.isfinite(block).all():
+                    raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
+                yield np.ascontiguousarray(_mono(block), dtype=np.float32)
+    except InputError:
+        raise
+    except Exception as exc:  # a decoder's failure on a damaged file, whatever its type: one line
+        raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
+
+
+def waveform_mono(samples: np.ndarray, rate: int, name: str = "<waveform>",
+                  cap_seconds: float = MAX_RECORDING_SECONDS) -> np.ndarray:
+    """A waveform given in memory as a recording: mono float32, checked as mono_blocks checks a file."""
+    import numpy as np
+
+    data = np.asarray(samples, dtype=np.float32)
+    if data.ndim == 1:
+        data = data[:, None]
+    if data.ndim != 2 or rate <= 0:
+        raise InputError(f"{name}: give samples as [frames] or [frames, channels] with a positive rate, "
+                         f"got shape {tuple(np.shape(samples))} at {rate} Hz")
+    if data.shape[0] > math.floor(cap_seconds * rate):
+        raise _over_cap(Path(name), f"{_hours(data.shape[0] / rate)} long", cap_seconds)
+    if not np.isfinite(data).all():
+        raise InputError(f"{name} contains NaN or infinite samples; re-export the audio")
+    return np.ascontiguousarray(_mono(data), dtype=np.float32)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds:.1f} s"
+
+
+def _over_cap(path: Path, what: str, cap_seconds: float) -> InputError:
+    return InputError(f"{path} is {what}; --segment reads at most {_hours(cap_seconds)} per file: cut it into "
+                      "shorter files")

@@ -24,7 +24,6 @@ Quality, in points (0–100):
 
 from __future__ import annotations
 
-import difflib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import __version__
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
-from .phrases import ATTRIBUTES, predict
+from .phrases import ATTRIBUTES, agreement
 
 if TYPE_CHECKING:
     from .describe import Description
@@ -45,17 +44,6 @@ PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles re
 
 
 # -- scoring ---------------------------------------------------------------------------------------
-
-def agreement(text: str, reference: str) -> tuple[float, str]:
-    """How closely `text` says what `reference` (cloud-only's sentence) says, in [0, 1], and which
-    measure was used: "phrases" (share of the reference's stated attributes stated alike) when the
-    reference holds canonical phrases, else "chars" (difflib's similarity ratio)."""
-    ref = {a: v for a, v in predict(reference).items() if v is not None}
-    if ref:
-        got = predict(text)
-        return sum(got[a] == v for a, v in ref.items()) / len(ref), "phrases"
-    return difflib.SequenceMatcher(None, text, reference, autojunk=False).ratio(), "chars"
-
 
 def label_accuracy(text: str, labels: dict[str, str]) -> float:
     """Mean attribute accuracy of one description against its labels, in [0, 1] (eval's scoring)."""

@@ -22,7 +22,7 @@ from .decoding.config import DecodingConfig
 from .describe import Describer, describe_many
 from .errors import InputError, one_line
 from .metrics import immediate_repeats
-from .phrases import ATTRIBUTES, predict
+from .phrases import ATTRIBUTES, agreement, predict
 from .presets import PresetFiles, resolve
 from .records import build_record, modelled_latency
 from .strict_json import json_safe
@@ -48,15 +48,17 @@ def sentence_valid(text: str | None) -> bool:
     return text[-1] in SENTENCE_ENDS and not any(c in SENTENCE_ENDS for c in text[:-1])
 
 
-def score(description: str | None, labels: dict[str, str]) -> dict[str, Any]:
+def score(description: str | None, labels: dict[str, str] | None) -> dict[str, Any]:
     """Judge one description against its labels. An attribute is correct when exactly one of its
-    phrases occurs and it is the labelled one: two phrases (ambiguous) or none (missing) are wrong."""
+    phrases occurs and it is the labelled one: two phrases (ambiguous) or none (missing) are wrong.
+    Without labels (None) there is nothing to be correct against: `correct` and `all_correct` are None."""
     predicted = predict(description or "")
-    correct = {attr: predicted[attr] is not None and predicted[attr] == labels.get(attr) for attr in ATTRIBUTES}
+    correct = None if labels is None else \
+        {attr: predicted[attr] is not None and predicted[attr] == labels.get(attr) for attr in ATTRIBUTES}
     return {
         "predicted": predicted,
         "correct": correct,
-        "all_correct": all(correct.values()),
+        "all_correct": all(correct.values()) if correct is not None else None,
         "valid": sentence_valid(description),
         "immediate_repeats": immediate_repeats(description or ""),
     }
@@ -68,7 +70,15 @@ def score(description: str | None, labels: dict[str, str]) -> dict[str, Any]:
 class LabelledClip:
     file: str               # as written in the labels file (relative to the clips folder)
     path: Path
-    labels: dict[str, str]  # attribute -> canonical phrase, all six
+    labels: dict[str, str] | None  # attribute -> canonical phrase, all six; None: not labelled
+
+
+def unlabelled_clips(directory: Path) -> list[LabelledClip]:
+    """Every audio file of `directory` (as `batch` finds them), without labels: eval then scores
+    agreement with cloud-only instead of accuracy."""
+    from .results import find_audio
+
+    return [LabelledClip(str(p.relative_to(directory)), p, None) for p in find_audio(directory).files]
 
 
 def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
@@ -245,7 +255,19 @@ def run_eval(pair: Pair, clips: Sequence[LabelledClip], modes: Sequence[EvalMode
             if on_record is not None:
                 on_record(record)
         records += [done[i] for i in range(len(clips))]
+    if any(c.labels is None for c in clips):
+        add_agreement(records)
     return records
+
+
+def add_agreement(records: Sequence[dict[str, Any]]) -> None:
+    """Without labels, each record's quality is its agreement with cloud-only's sentence for the
+    same clip (phrases.agreement, as `specdec calibrate` scores without labels): `agreement` in [0,
+    1], 0 for a failed clip, None when cloud-only did not run or failed on that clip."""
+    reference = {r["file"]: r["description"] for r in records if r["eval_mode"] == BASELINE and r["error"] is None}
+    for r in records:
+        cloud = reference.get(r["file"])
+        r["agreement"] = None if cloud is None else agreement(r["description"], cloud)[0] if r["error"] is None else 0.0
 
 
 # -- aggregation ---------------------------------------------------------------------------------
@@ -286,10 +308,12 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
     calls = sum(r["cloud_calls"] for r in ok)
     drafted = sum(r.get("verified_drafted", 0) for r in ok)
     accepted = sum(r.get("verified_accepted", 0) for r in ok)
-    accuracy = {a: (sum(r["correct"][a] for r in records) / n if n else None) for a in ATTRIBUTES}
+    labelled = all(r["correct"] is not None for r in records)
+    accuracy = {a: (sum(r["correct"][a] for r in records) / n if n and labelled else None) for a in ATTRIBUTES}
     spec = mode.cfg.mode == "spec"
     threshold = mode.cfg.threshold if spec else None
-    return {
+    agreements = [r["agreement"] for r in records if r.get("agreement") is not None]
+    row = {
         "mode": mode.name,
         "sweep": mode.sweep,
         "decoding": mode.cfg.mode,
@@ -301,7 +325,7 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
         "errors": n - len(ok),
         "accuracy": accuracy,
         "mean_accuracy": _mean([v for v in accuracy.values() if v is not None]),
-        "all_correct_rate": (sum(r["all_correct"] for r in records) / n) if n else None,
+        "all_correct_rate": (sum(r["all_correct"] for r in records) / n) if n and labelled else None,
         "valid_rate": (sum(r["valid"] for r in records) / n) if n else None,
         "immediate_repeats": sum(r["immediate_repeats"] for r in records),
         "punct_density": _mean([r["punct_density"] for r in ok]),
@@ -337,6 +361,9 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
         "speedup": None,
         "modelled_speedup": None,
     }
+    if not labelled:  # what stands for accuracy (None when cloud-only did not run)
+        row["agreement"] = _mean(agreements) if agreements else None
+    return row
 
 
 def add_speedups(summaries: list[dict[str, Any]], baseline: str = BASELINE) -> None:
@@ -360,10 +387,13 @@ def summarize_all(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode]) 
 
 
 def _point(s: dict[str, Any]) -> dict[str, Any]:
-    return {"mode": s["mode"], "threshold": s["threshold"], "k": s["k"], "cloud_call_rate": s["cloud_call_rate"],
-            "mean_accuracy": s["mean_accuracy"], "all_correct_rate": s["all_correct_rate"],
-            "valid_rate": s["valid_rate"], "latency_mean_s": s["latency_s"]["mean"],
-            "modelled_latency_mean_s": s["modelled_latency_s"]["mean"], "speedup": s["speedup"]}
+    point = {"mode": s["mode"], "threshold": s["threshold"], "k": s["k"], "cloud_call_rate": s["cloud_call_rate"],
+             "mean_accuracy": s["mean_accuracy"], "all_correct_rate": s["all_correct_rate"],
+             "valid_rate": s["valid_rate"], "latency_mean_s": s["latency_s"]["mean"],
+             "modelled_latency_mean_s": s["modelled_latency_s"]["mean"], "speedup": s["speedup"]}
+    if "agreement" in s:
+        point["agreement"] = s["agreement"]
+    return point
 
 
 def frontier(summaries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -384,7 +414,8 @@ def frontier(summaries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 # -- the report ----------------------------------------------------------------------------------
 
 def build_report(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode], *, edge: str, cloud: str,
-                 samples: str, labels: str, settings: dict[str, Any]) -> dict[str, Any]:
+                 samples: str, labels: str | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """The report; `labels` None: the clips had none (quality is agreement with cloud-only)."""
     summaries = summarize_all(records, modes)
     return {
         "specdec_version": __version__,
@@ -413,22 +444,31 @@ def fmt(value: Any, digits: int = 3, pct: bool = False) -> str:
 Column = tuple[str, Callable[[dict[str, Any]], str]]
 
 
+def labelled(report: dict[str, Any]) -> bool:
+    """Whether the report's clips were labelled (else its quality is agreement with cloud-only)."""
+    return report.get("labels") is not None
+
+
 def has_link(report: dict[str, Any]) -> bool:
     """Whether the report's modes ran against a remote cloud (their link was measured)."""
     return any(s.get("sent_nothing_share") is not None for s in report["modes"])
 
 
-def summary_tables(rtt: bool, link: bool = False) -> list[tuple[str, list[Column]]]:
+def summary_tables(rtt: bool, link: bool = False, labels: bool = True) -> list[tuple[str, list[Column]]]:
     """(title, [(header, cell)]) for the mode summary, in narrow tables (quality, cost, cloud work,
     latency, and with a remote cloud the link) that fit a terminal; shared by the Rich tables and
-    the Markdown report."""
+    the Markdown report. Without `labels` the quality table has agreement with cloud-only where
+    accuracy would be."""
     def lat(key: str, q: str) -> Callable[[dict[str, Any]], str]:
         return lambda s: fmt(s[key][q])
 
-    quality: list[Column] = [
-        ("mode", lambda s: s["mode"]),
+    judged: list[Column] = [
         ("accuracy", lambda s: fmt(s["mean_accuracy"], pct=True)),
         ("all six", lambda s: fmt(s["all_correct_rate"], pct=True)),
+    ] if labels else [("agreement", lambda s: fmt(s.get("agreement"), pct=True))]
+    quality: list[Column] = [
+        ("mode", lambda s: s["mode"]),
+        *judged,
         ("one sentence", lambda s: fmt(s["valid_rate"], pct=True)),
         ("repeats", lambda s: fmt(s["immediate_repeats"])),
         ("punct", lambda s: fmt(s["punct_density"], 2)),
@@ -491,24 +531,30 @@ def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: settings, the mode table, accuracy per attribute, the frontier."""
     st = report["settings"]
     rtt = bool(st.get("cloud_rtt_ms"))
+    has_labels = labelled(report)
     lines = [
         "# specdec eval",
         "",
         f"- edge: `{report['edge']}`",
         f"- cloud: `{report['cloud']}`",
-        f"- clips: {report['clips']} from `{report['samples']}` (labels `{report['labels']}`)",
+        f"- clips: {report['clips']} from `{report['samples']}` " + (f"(labels `{report['labels']}`)" if has_labels
+                                                                     else "(no labels: accuracy needs --labels)"),
         f"- max new tokens: {st.get('max_new_tokens')}; modelled link: {st.get('cloud_rtt_ms', 0):g} ms per cloud call",
         f"- specdec {report['specdec_version']}, {report['created']}",
         "",
         "## Modes",
         "",
     ]
-    for title, cols in summary_tables(rtt, has_link(report)):
+    for title, cols in summary_tables(rtt, has_link(report), has_labels):
         lines += [f"### {title.capitalize()}", ""]
         lines += _md_table([h for h, _ in cols], [[cell(s) for _, cell in cols] for s in report["modes"]])
         lines += [""]
-    lines += ["Accuracy is the mean of the six per-attribute accuracies; *all six* is the share of clips with "
-              "every attribute right; *one sentence* the share ending in one 。！？ with no other; *repeats* "
+    judged = ("Accuracy is the mean of the six per-attribute accuracies; *all six* is the share of clips with "
+              "every attribute right" if has_labels else
+              "*Agreement* (without labels) is the mean agreement with cloud-only's sentence for the same clip: the "
+              "share of the attributes cloud-only states by canonical phrases that the mode states alike (else "
+              "character similarity), 0 for a failed clip")
+    lines += [judged + "; *one sentence* the share ending in one 。！？ with no other; *repeats* "
               "counts immediate CJK character repeats, *punct* is the mean punctuation density and *rep. rate* "
               "the mean share of repeated 2-/3-grams. Cloud calls are the cloud's forward passes after "
               "prefill (*calls/tok* per output token, *cloud tok* the tokens fed to it); *edge fwd* likewise "
@@ -521,17 +567,27 @@ def markdown(report: dict[str, Any]) -> str:
               "clip in seconds (features + decoding, models loaded once); *link* adds the modelled round trip "
               "per cloud call (once per clip for cloud-only). Speedup is cloud-only mean latency / the "
               "mode's.", ""]
-    lines += ["## Accuracy per attribute", ""]
-    lines += _md_table(["mode", *ATTRIBUTES], [[s["mode"], *(fmt(s["accuracy"][a], pct=True) for a in ATTRIBUTES)]
-                                               for s in report["modes"]])
+    if has_labels:
+        lines += ["## Accuracy per attribute", ""]
+        lines += _md_table(["mode", *ATTRIBUTES], [[s["mode"], *(fmt(s["accuracy"][a], pct=True) for a in ATTRIBUTES)]
+                                                   for s in report["modes"]])
     fr = report.get("frontier")
     if fr:
         lines += ["", f"## Cost–quality frontier (threshold sweep, k = {fr['k']})", ""]
-        rows = [[fmt(p["threshold"], 2), fmt(p["cloud_call_rate"]), fmt(p["mean_accuracy"], pct=True),
-                 fmt(p["all_correct_rate"], pct=True), fmt(p["valid_rate"], pct=True), fmt(p["speedup"], 2)]
-                for p in fr["points"]]
-        lines += _md_table(["threshold", "calls/token", "accuracy", "all six", "valid", "speedup"], rows)
+        headers, cells = frontier_columns(has_labels)
+        lines += _md_table(headers, [cells(p) for p in fr["points"]])
     return "\n".join(lines) + "\n"
+
+
+def frontier_columns(labels: bool = True) -> tuple[list[str], Callable[[dict[str, Any]], list[str]]]:
+    """The frontier table's headers and a point's cells (agreement where accuracy is, without labels)."""
+    if labels:
+        return (["threshold", "calls/token", "accuracy", "all six", "valid", "speedup"],
+                lambda p: [fmt(p["threshold"], 2), fmt(p["cloud_call_rate"]), fmt(p["mean_accuracy"], pct=True),
+                           fmt(p["all_correct_rate"], pct=True), fmt(p["valid_rate"], pct=True), fmt(p["speedup"], 2)])
+    return (["threshold", "calls/token", "agreement", "valid", "speedup"],
+            lambda p: [fmt(p["threshold"], 2), fmt(p["cloud_call_rate"]), fmt(p.get("agreement"), pct=True),
+                       fmt(p["valid_rate"], pct=True), fmt(p["speedup"], 2)])
 
 
 def report_json(report: dict[str, Any], indent: int | None = 2) -> str:

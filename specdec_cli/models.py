@@ -162,7 +162,7 @@ def pinned_threads() -> int | None:
 def one_thread_if_tiny(pair: ModelPair) -> None:
     """One torch thread when both models are tiny and on the CPU (the demo pair: 0.2M + 2.3M parameters).
     Their matmuls are a few thousand multiply-adds, less work than waking and joining a pool of
-    threads, which on a busy machine also wait for cores; measured in the README's start-up note."""
+    threads, which on a busy machine also wait for cores; measured for docs/usage.md, "Start-up"."""
     local = [m for m in (pair.edge, pair.cloud) if m is not None]
     if threads_pinned or any(m.device.type != "cpu" for m in local):
         return

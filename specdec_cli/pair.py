@@ -14,10 +14,11 @@ records.py.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -28,6 +29,7 @@ from .errors import one_line
 from .fast_imports import quiet_libraries
 from .models import ModelPair, load_pair, one_thread_if_tiny, pin_threads
 from .records import clip_record, error_record
+from .segments import Piece, Recording, Segment, open_recording
 from .settings import PairSpec, Settings, explicit
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 
     from .decoding import BlockEvent, DecodingConfig
 
-Audio = Union[str, Path, "np.ndarray"]  # noqa: UP007  (a string names numpy without importing it)
+Audio = Union[str, Path, "np.ndarray", Piece]  # noqa: UP007  (a string names numpy without importing it)
 
 
 class LowSampleRate(UserWarning):
@@ -122,9 +124,12 @@ class Pair:
 
     def read(self, audio: Audio, rate: int | None = None, data: bytes | None = None) -> tuple[str, np.ndarray]:
         """A clip's name and its samples as the models hear them: a file (its `data` when read
-        elsewhere), or a waveform ([frames] or [frames, channels] floats) at `rate`. Warns
-        (LowSampleRate) when the clip is below the models' rate."""
+        elsewhere), a waveform ([frames] or [frames, channels] floats) at `rate`, or a segment of a
+        long recording (a Piece from `segments`). Warns (LowSampleRate) when the clip is below the
+        models' rate."""
         p = self.models.processor
+        if isinstance(audio, Piece):
+            return audio.file, audio.samples
         if isinstance(audio, (str, Path)):
             if rate is not None:
                 raise ValueError("rate is for waveforms; a file says its own rate")
@@ -144,47 +149,105 @@ class Pair:
                                         "it is upsampled, which adds no detail, and the description may "
                                         "differ from a recording at the full rate"), stacklevel=3)
 
+    def segments(self, audio: str | Path | np.ndarray, rate: int | None = None, *, data: bytes | None = None,
+                 skip: Container[int] = ()) -> Iterator[Piece]:
+        """A recording of any length (up to 4 h) cut at pauses into segments of at most the models'
+        window (`max_seconds`: 30 s for the demo pair), each a Piece to `describe`, read as it is
+        reached; `skip`: indices of segments not wanted. Where it cuts is decided here, before the
+        first Piece (segments.py; a bad recording fails here)."""
+        return self.recording(audio, rate, data=data).pieces(skip)
+
+    def recording(self, audio: str | Path | np.ndarray, rate: int | None = None, *,
+                  data: bytes | None = None) -> Recording:
+        """The recording planned: its `segments` (index, count, start_s, end_s), and `read(segment)`."""
+        p = self.models.processor
+        if isinstance(audio, (str, Path)) and rate is not None:
+            raise ValueError("rate is for waveforms; a file says its own rate")
+        recording = open_recording(audio, p.sampling_rate, p.max_seconds, rate=rate, data=data)
+        self._check_rate(recording.name, recording.rate)
+        return recording
+
+    @property
+    def max_seconds(self) -> float:
+        """The longest clip the models take at once (their feature extractor's window)."""
+        return self.models.processor.max_seconds
+
     # -- describing -------------------------------------------------------------------------------
 
     def describe(self, audio: Audio, rate: int | None = None, preset: str = "fluent",
                  on_block: Callable[[BlockEvent], None] | None = None, *, resolved: Settings | None = None,
                  **settings: Any) -> Result:
-        """Describe one clip: a file path, or a waveform ([frames] or [frames, channels] floats)
-        with its `rate`. `on_block(event)` is called as each block is decided. `resolved`: settings
-        from `resolve()` (then `preset` and `settings` are not read)."""
+        """Describe one clip: a file path, a waveform ([frames] or [frames, channels] floats) with
+        its `rate`, or a segment of a long recording (a Piece from `segments`: its record names the
+        recording and where the segment is). `on_block(event)` is called as each block is decided.
+        `resolved`: settings from `resolve()` (then `preset` and `settings` are not read)."""
         run = resolved or self.resolve(preset, **settings)
         name, samples = self.read(audio, rate)
         desc = self.describer.run(samples, run.cfg, on_block=on_block)
-        return self._result(run, name, samples, desc)
+        return self._result(run, name, samples, desc, audio.segment if isinstance(audio, Piece) else None)
 
-    def _result(self, run: Settings, name: str, samples: np.ndarray, desc: Description) -> Result:
-        return Result(clip_record(self.models, run, name, samples, desc), list(desc.result.events),
+    def _result(self, run: Settings, name: str, samples: np.ndarray, desc: Description,
+                segment: Segment | None = None) -> Result:
+        if segment is not None:
+            run = run.segmented()
+        return Result(clip_record(self.models, run, name, samples, desc, segment), list(desc.result.events),
                       list(desc.result.tokens))
 
     def describe_many(self, clips: Iterable[str | Path], resolved: Settings | None = None, batch_size: int = 1,
-                      read: Callable[[Path], bytes] | None = None, preset: str = "fluent",
+                      read: Callable[[Path], bytes] | None = None, preset: str = "fluent", *,
+                      segment: bool = False, skip: Callable[[Path], Container[int]] | None = None,
                       **settings: Any) -> Iterator[tuple[Path, Result]]:
         """Describe clip files, `batch_size` decoded together where this run can batch; yields
         (clip, Result) as each ends, in any order, each clip once. A clip that fails does not stop
         the others: its Result holds its error record (`result.error` says why). `read(path)`: the
-        clip's bytes, read elsewhere (a Ray worker given them by its driver)."""
+        clip's bytes, read elsewhere (a Ray worker given them by its driver).
+
+        `segment`: each file is a recording cut into segments (`segments`), and each segment is
+        described as a clip (yielded once each, with the recording's path); `skip(path)`: the
+        indices of a recording's segments not to describe (a resumed batch's)."""
         run = resolved or self.resolve(preset, **settings)
+        paths = [Path(c) for c in clips]
+        if segment:
+            run = run.segmented()
+            for outcome in describe_many(self.describer, self._segment_clips(paths, read, skip), run.cfg, batch_size):
+                path, piece = outcome.key
+                yield path, self._outcome(run, outcome, path, piece)
+            return
 
         def reader(path: Path) -> Callable[[], np.ndarray]:
             return lambda: self.read(path, data=read(path) if read is not None else None)[1]
 
-        paths = [Path(c) for c in clips]
         for outcome in describe_many(self.describer, ((p, reader(p)) for p in paths), run.cfg, batch_size):
-            yield outcome.key, self._outcome(run, outcome)
+            yield outcome.key, self._outcome(run, outcome, outcome.key)
 
-    def _outcome(self, run: Settings, outcome: Outcome[Path]) -> Result:
+    def _segment_clips(self, paths: list[Path], read: Callable[[Path], bytes] | None,
+                       skip: Callable[[Path], Container[int]] | None) -> Iterator:
+        """describe_many's clips for a segmented run: per recording, its segments not skipped, each
+        read as the engine reaches it; a recording that cannot be cut is one clip that fails."""
+        for path in paths:
+            try:
+                recording = self.recording(path, data=read(path) if read is not None else None)
+            except Exception as exc:  # its error record; the other recordings go on
+                yield (path, None), functools.partial(_fail, exc)
+                continue
+            skipped = skip(path) if skip is not None else ()
+            try:
+                for piece in recording.segments:
+                    if piece.index not in skipped:
+                        yield (path, piece), functools.partial(recording.read, piece)
+            finally:
+                recording.close()
+
+    def _outcome(self, run: Settings, outcome: Outcome[Any], path: Path, segment: Segment | None = None) -> Result:
         if outcome.error is not None or outcome.description is None or outcome.audio is None:
-            return Result(self.error_record(outcome.key, run, one_line(outcome.error or RuntimeError("no result"))))
-        return self._result(run, str(outcome.key), outcome.audio, outcome.description)
+            message = one_line(outcome.error or RuntimeError("no result"))
+            return Result(error_record(self.models, run, str(path), message, segment))
+        return self._result(run, str(path), outcome.audio, outcome.description, segment)
 
-    def error_record(self, file: str | Path, resolved: Settings, message: str) -> dict[str, Any]:
+    def error_record(self, file: str | Path, resolved: Settings, message: str,
+                     segment: Segment | None = None) -> dict[str, Any]:
         """The record of a clip that failed, with everything this run's records carry."""
-        return error_record(self.models, resolved, str(file), message)
+        return error_record(self.models, resolved, str(file), message, segment)
 
     def rows(self, resolved: Settings, batch_size: int) -> int:
         """How many clips this run decodes together at `batch_size` (1 where it cannot batch:
@@ -195,6 +258,10 @@ class Pair:
         """`describe`, as an iterator over the blocks as they are decided; the Result is
         `stream.result` once the iteration ends."""
         return Stream(self, audio, rate, preset, settings)
+
+
+def _fail(exc: Exception) -> np.ndarray:
+    raise exc
 
 
 def _file_rate(path: Path, data: bytes | None) -> int | None:

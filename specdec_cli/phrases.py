@@ -1,7 +1,9 @@
-"""The canonical phrases of ../shared/docs/demo-spec.md: one table, used by the demo corpus,
-the demo tokenizer (each phrase is one token) and the scorer."""
+"""The canonical phrases (the label vocabulary, docs/calibrate.md): one table, used by the demo
+corpus, the demo tokenizer (each phrase is one token) and the scorers (eval, calibrate)."""
 
 from __future__ import annotations
+
+import difflib
 
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "gender": ("男声", "女声"),
@@ -25,3 +27,15 @@ def predict(description: str) -> dict[str, str | None]:
     phrases occurs, else None (missing or ambiguous)."""
     found = find_phrases(description)
     return {attr: (hits[0] if len(hits) == 1 else None) for attr, hits in found.items()}
+
+
+def agreement(text: str, reference: str) -> tuple[float, str]:
+    """How closely `text` says what `reference` (cloud-only's sentence) says, in [0, 1], and which
+    measure was used: "phrases" (share of the reference's stated attributes stated alike) when the
+    reference holds canonical phrases, else "chars" (difflib's similarity ratio). The quality of a
+    description without labels (calibrate, eval)."""
+    ref = {a: v for a, v in predict(reference).items() if v is not None}
+    if ref:
+        got = predict(text)
+        return sum(got[a] == v for a, v in ref.items()) / len(ref), "phrases"
+    return difflib.SequenceMatcher(None, text, reference, autojunk=False).ratio(), "chars"

@@ -1,5 +1,5 @@
 """The result record of one clip (the `--json` output, one line of a batch, one row of eval), in
-strict JSON. Field by field: docs/demo-spec.md.
+strict JSON. Field by field: docs/records.md ("Every field").
 
 `clip_record` and `error_record` are the one place a described (or failed) clip becomes a record:
 the CLI, the API, batch, the Ray workers all build theirs here.
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .decoding.loop import DecodeResult
     from .describe import Description
     from .models import ModelPair
+    from .segments import Segment
     from .settings import Settings
 
 RECORD_FIELDS = (
@@ -86,9 +87,10 @@ def _context(pair: ModelPair, settings: Settings) -> dict[str, Any]:
 
 
 def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarray,
-                desc: Description) -> dict[str, Any]:
+                desc: Description, segment: Segment | None = None) -> dict[str, Any]:
     """The record of one described clip: `file` as the caller names it, `audio` its samples at the
-    model's rate, `desc` what describe.Describer made of it."""
+    model's rate, `desc` what describe.Describer made of it; for a segment of a long recording
+    (`segment`), `file` is the recording and the record ends with where the segment is."""
     extra = _context(pair, settings)
     extra["audio_s"] = round(len(audio) / pair.processor.sampling_rate, 3)
     if pair.remote is not None and desc.link is not None:
@@ -99,9 +101,16 @@ def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarra
         extra["cloud_rtt_ms"] = settings.rtt_ms
         extra["latency_modelled_s"] = modelled_latency(desc.latency_s, cfg.mode, desc.result.stats.cloud_calls,
                                                        settings.rtt_ms)
+    if segment is not None:
+        extra.update(segment.fields())
     return build_record(file, desc.text, desc.result, cfg, settings.preset, desc.latency_s, None, **extra)
 
 
-def error_record(pair: ModelPair, settings: Settings, file: str, message: str) -> dict[str, Any]:
-    """The record of a clip that failed: `error` says why; a batch retries it on resume."""
-    return build_record(file, None, None, settings.cfg, settings.preset, None, message, **_context(pair, settings))
+def error_record(pair: ModelPair, settings: Settings, file: str, message: str,
+                 segment: Segment | None = None) -> dict[str, Any]:
+    """The record of a clip that failed: `error` says why; a batch retries it on resume. A segment's
+    says which segment failed; a recording that could not be cut at all has no segment fields."""
+    extra = _context(pair, settings)
+    if segment is not None:
+        extra.update(segment.fields())
+    return build_record(file, None, None, settings.cfg, settings.preset, None, message, **extra)

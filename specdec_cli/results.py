@@ -25,6 +25,13 @@ exactly one line per clip: its success, or its latest error.
 
 Clips are matched by absolute path (the `file` field is the path as given, resolved against the
 current directory), so rerun from the same directory, or give an absolute DIR.
+
+With --segment each record is one segment of a recording (`file` is the recording; `segment` its
+index, `segments` how many the recording has): records are matched by path and index, so a batch
+killed mid-recording resumes at its first segment not recorded, and a recording all of whose
+segments are recorded is skipped without being read. (A recording that could not be cut at all gets
+one error record, without segment fields.) The settings say whether a file holds segments, so the
+two kinds are never mixed in one file.
 """
 
 from __future__ import annotations
@@ -114,6 +121,17 @@ def clip_key(file: str) -> str:
     return os.path.normpath(os.path.abspath(file))
 
 
+# What a record describes: a clip (its key), or a segment of a recording (the key and the index).
+Key = str | tuple[str, int]
+
+
+def record_key(record: dict[str, Any]) -> Key:
+    """How two records are known to describe the same clip, or the same segment of a recording."""
+    key = clip_key(record["file"])
+    segment = record.get("segment")
+    return key if segment is None else (key, segment)
+
+
 # Every line we write starts with this (the record's first field); a torn last line that does
 # not is someone else's, and is not ours to drop.
 OUR_LINE_START = b'{"file": '
@@ -150,7 +168,15 @@ def why_not_a_record(value: Any) -> str | None:
         return f"is not a specdec record (its file is {value['file']!r}, not a path)"
     if value["error"] is not None and not isinstance(value["error"], str):
         return f"is not a specdec record (its error is {value['error']!r})"
+    if value.get("segment") is not None and not (_count(value["segment"]) and _count(value.get("segments"))
+                                                and value["segment"] < value["segments"]):
+        return (f"is not a specdec record (its segment is {value['segment']!r} of {value.get('segments')!r}, "
+                "not an index and a count)")
     return None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def numbered_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -202,11 +228,11 @@ def check_settings(path: Path, records: list[tuple[int, dict[str, Any]]], settin
             raise refusal(path, f"line {number} was made with other settings ({differences(recorded, current)})")
 
 
-def latest_by_clip(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The last record per clip (a retried clip's new line supersedes its old one)."""
-    latest: dict[str, dict[str, Any]] = {}
+def latest_by_clip(records: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """The last record per clip, or per segment (a retried clip's new line supersedes its old one)."""
+    latest: dict[Key, dict[str, Any]] = {}
     for record in records:
-        key = clip_key(record["file"])
+        key = record_key(record)
         latest.pop(key, None)  # re-insert, so the order follows the latest write
         latest[key] = record
     return latest
@@ -280,16 +306,18 @@ class ResultsFile:
                              "finish, or give this run another --out") from None
         except OSError as exc:
             raise InputError(f"cannot write results file {path}: {exc.strerror or exc}") from exc
+        self.segments: dict[str, int] = {}  # recording -> how many segments it has (from its records)
         try:
             self.done = self._open(settings, overwrite)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, settings: RunSettings, overwrite: bool) -> set[str]:
-        """Check, back up or compact, then open for appending; the clips already recorded without error."""
+    def _open(self, settings: RunSettings, overwrite: bool) -> set[Key]:
+        """Check, back up or compact, then open for appending; the clips (or segments) already
+        recorded without error."""
         path = self.path
-        kept: dict[str, dict[str, Any]] = {}
+        kept: dict[Key, dict[str, Any]] = {}
         if not overwrite:
             records = numbered_records(path)  # refuses foreign lines before anything is written
             check_settings(path, records, settings)
@@ -301,7 +329,15 @@ class ResultsFile:
             self._file = open(path, "a", encoding="utf-8")  # closed in close()
         except OSError as exc:
             raise InputError(f"cannot write results file {path}: {exc.strerror or exc}") from exc
+        for key, record in kept.items():
+            if isinstance(key, tuple):
+                self.segments[key[0]] = record["segments"]
         return set(kept)
+
+    def skip(self, path: Path) -> set[int]:
+        """The segments of the recording at `path` already recorded without error."""
+        key = clip_key(str(path))
+        return {i for i in range(self.segments.get(key, 0)) if (key, i) in self.done}
 
     def append(self, record: dict[str, Any]) -> None:
         assert self._file is not None, "results file is closed"
@@ -328,7 +364,11 @@ class StreamResults:
 
     path = Path("-")
     backup: Path | None = None
-    done: frozenset[str] = frozenset()  # a stream resumes nothing
+    done: frozenset[Key] = frozenset()  # a stream resumes nothing
+    segments: dict[str, int] = {}  # never written: nothing was recorded before
+
+    def skip(self, path: Path) -> set[int]:
+        return set()
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -352,10 +392,19 @@ class BatchSummary:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (file, message)
 
 
-def pending(files: list[Path], results: ResultsFile) -> tuple[list[Path], int]:
-    """The clips still to do, and how many are skipped as already recorded."""
-    todo = [f for f in files if clip_key(str(f)) not in results.done]
-    return todo, len(files) - len(todo)
+def pending(files: list[Path], results: ResultsFile, segment: bool = False) -> tuple[list[Path], int]:
+    """The clips still to do, and how many records are skipped as already there. With `segment`:
+    the recordings with a segment still to do, and how many segments are skipped."""
+    if not segment:
+        todo = [f for f in files if clip_key(str(f)) not in results.done]
+        return todo, len(files) - len(todo)
+    todo, skipped = [], 0
+    for f in files:
+        done = len(results.skip(f))
+        skipped += done
+        if clip_key(str(f)) not in results.segments or done < results.segments[clip_key(str(f))]:
+            todo.append(f)
+    return todo, skipped
 
 
 # How the clips still to do become records: given them in order, yields (clip, record) as each clip
@@ -372,12 +421,15 @@ def run_batch(
     error_record: Callable[[Path, str], dict[str, Any]] | None,
     on_done: Callable[[Path, dict[str, Any]], None] | None = None,
     describe_all: DescribeAll | None = None,
+    segment: bool = False,
 ) -> BatchSummary:
     """Describe each clip not yet recorded and append its record as that clip ends. A clip that
     fails gets a record with `error` set and the batch goes on; KeyboardInterrupt stops it (the file
     stays consistent). `describe_all` replaces the one-at-a-time default (see DescribeAll); then
-    `describe` and `error_record` may be None (a Ray driver loads no model)."""
-    todo, skipped = pending(files, results)
+    `describe` and `error_record` may be None (a Ray driver loads no model). `segment`: the clips
+    are recordings, each given to `describe_all` (which yields a record per segment) while one of
+    its segments is not recorded."""
+    todo, skipped = pending(files, results, segment)
     summary = BatchSummary(skipped=skipped)
     if describe_all is None:
         assert describe is not None and error_record is not None, "describe_all or describe + error_record"

@@ -55,6 +55,9 @@ class RunSettings:
     top_k: int | None = None
     instruction: str | None = None
     system: str | None = None
+    # --segment: long recordings cut into segments, each its own record. Left out of a record's
+    # settings when off, so the records of whole clips read as they did before it existed.
+    segment: bool = False
 
     @classmethod
     def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str,
@@ -87,7 +90,10 @@ class RunSettings:
 
     def as_record(self) -> dict[str, Any]:
         """The `settings` field of a record (strict JSON: an infinite threshold is "inf")."""
-        return json_safe(asdict(self))
+        record = json_safe(asdict(self))
+        if not self.segment:
+            del record["segment"]
+        return record
 
 
 # How each setting reads in a sentence; None is a setting that does not apply (or the default).
@@ -112,11 +118,14 @@ _WORDS: dict[str, tuple[str, str]] = {   # key -> (with a value: "{}" is the val
     "cloud_weights": ("a remote cloud whose weights are {}", "an in-process cloud"),
     "instruction": ("the instruction {!r}", "the default instruction"),
     "system": ("the system prompt {!r}", "the default system prompt"),
+    "segment": ("recordings cut into segments (--segment)", "whole clips (no --segment)"),
 }
 
 
 def in_words(key: str, value: Any) -> str:
     """One setting as a reader says it: 'preset quality', 'an in-process cloud', 'no seed (greedy)'."""
+    if key == "segment":  # off is left out of a record's settings: absent and false read alike
+        value = value or None
     if isinstance(value, bool):
         value = "on" if value else "off"
     with_value, without = _WORDS.get(key, (f"{key} {{}}", f"no {key}"))
@@ -171,6 +180,12 @@ class Settings:
     preset: str | None      # the preset name records show (None outside the speculative mode)
     run: RunSettings        # every record's `settings`
     rtt_ms: float | None = None  # a modelled round trip: adds latency_modelled_s to records
+
+    def segmented(self) -> Settings:
+        """These settings for a run that cuts recordings into segments (--segment)."""
+        from dataclasses import replace
+
+        return self if self.run.segment else replace(self, run=replace(self.run, segment=True))
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,8 @@ def test_a_long_flac_without_a_count_is_refused_after_the_limit_plus_one_frame(t
     path.write_bytes(flac_with_total(path.read_bytes(), 0))
     with pytest.raises(InputError) as info:
         load_audio(path, SR, MAX_S)
-    assert info.value.message == (f"{path} is over 30 s long; the model takes at most 30 s per clip: cut it "
-                                  "into shorter clips")
+    assert info.value.message == (f"{path} is over 30 s long; the model takes at most 30 s per clip: add "
+                                  "--segment to cut it at pauses into segments of at most 30 s")
     assert sum(decoded) == LIMIT + 1
 
 
@@ -143,5 +143,5 @@ def test_the_cli_describes_a_streamed_flac_and_refuses_a_streamed_bomb(tmp_path)
     bomb.write_bytes(flac_with_total(bomb.read_bytes(), 0))
     refused = run_specdec("--threads", "1", "describe", str(bomb), *FAST, "--no-live")
     assert refused.returncode == 2
-    assert refused.stderr == (f"error: {bomb} is over 30 s long; the model takes at most 30 s per clip: cut it "
-                              "into shorter clips\n")
+    assert refused.stderr == (f"error: {bomb} is over 30 s long; the model takes at most 30 s per clip: add "
+                              "--segment to cut it at pauses into segments of at most 30 s\n")

@@ -41,7 +41,8 @@ def test_each_refusal_word_for_word(tmp_path, hint):
     short = write_clip(tmp_path / "short.wav", seconds=0.05)
     assert refused(short) == f"{short} is 0.050 s long; give a clip of at least 0.1 s"
     long = write_clip(tmp_path / "long.wav", seconds=31, sr=1000)
-    assert refused(long) == f"{long} is 31.0 s long; the model takes at most 30 s per clip: cut it into shorter clips"
+    assert refused(long) == (f"{long} is 31.0 s long; the model takes at most 30 s per clip: add --segment to cut "
+                             "it at pauses into segments of at most 30 s")
     silent = write_clip(tmp_path / "silent.wav", amplitude=0.0)
     assert refused(silent) == (f"{silent} is silent (peak below -60 dBFS); nothing to describe: check the "
                                "recording")
@@ -102,8 +103,8 @@ def test_length_is_checked_again_after_decoding(tmp_path):
     path = tmp_path / "clip.flac"
     sf.write(str(path), tone(31, sr=1000), 1000, format="FLAC")
     path.write_bytes(flac_with_total(path.read_bytes(), 0))
-    assert refused(path) == (f"{path} is over 30 s long; the model takes at most 30 s per clip: cut it into "
-                             "shorter clips")
+    assert refused(path) == (f"{path} is over 30 s long; the model takes at most 30 s per clip: add --segment to "
+                             "cut it at pauses into segments of at most 30 s")
 
 
 def test_a_read_failure_after_a_good_header(tmp_path, monkeypatch, hint):
@@ -144,7 +145,8 @@ def test_a_bad_waveform_is_refused_with_its_name():
                                   "got shape (8000,) at 0 Hz")
     with pytest.raises(InputError) as info:  # no header here: the length is only known from the samples
         audio.prepare_waveform(tone(31, sr=1000), 1000, SR, MAX_S, name="mic")
-    assert info.value.message == "mic is 31.0 s long; the model takes at most 30 s per clip: cut it into shorter clips"
+    assert info.value.message == ("mic is 31.0 s long; the model takes at most 30 s per clip: add --segment to cut "
+                                  "it at pauses into segments of at most 30 s")
 
 
 def test_empty_bytes_are_refused_like_an_empty_file(tmp_path, hint):

@@ -15,7 +15,8 @@ goes in a `bash` block, with no output; no other block may show `$ ` lines (chec
 
 What legitimately varies is compared loosely, on both sides alike: absolute paths up to
 `specdec_cli/` (shown as `…/specdec_cli/`), the temporary folder, a decimal number of seconds
-(`0.12 s`, latency and waiting), `tokens/s` figures, pids, the port of a background server, runs of
+(`0.12 s`, latency and waiting), the seconds of a batch's progress line (`1 s elapsed, about 5 s
+left`), `tokens/s` figures, pids, the port of a background server, runs of
 spaces (a table's padding follows the width of the numbers in it), and in a JSON record the fields
 `latency_s`, `tokens_per_s`, `cloud_wait_s` and `latency_modelled_s`. Other decimals may differ by
 0.011 (entropies printed to two places may round apart on another CPU's float kernels, as in
@@ -62,6 +63,7 @@ def guide_files() -> list[Path]:
 class Step:
     command: str
     expected: list[str] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)  # the command's lines as the guide writes them
 
     @property
     def background(self) -> bool:
@@ -96,11 +98,12 @@ def parse_steps(body: str) -> list[Step]:
     while i < len(lines):
         line = lines[i]
         if line.startswith("$ "):
-            command = line[2:]
+            command, source = line[2:], [line]
             while command.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 command = command[:-1] + " " + lines[i].strip()
-            steps.append(Step(command))
+                source.append(lines[i])
+            steps.append(Step(command, source=source))
         elif steps:
             steps[-1].expected.append(line)
         else:
@@ -239,6 +242,7 @@ def normal(line: str) -> str:
                 record.pop(name, None)
             return json.dumps(record, ensure_ascii=False, sort_keys=True)
     line = re.sub(r"\d+\.\d+ s\b", "# s", line)
+    line = re.sub(r"\b\d+ s elapsed, about \d+ s left", "# s elapsed, about # s left", line)
     line = re.sub(r"tokens/s(\s+)\d+(\.\d+)?", r"tokens/s\1#", line)
     line = re.sub(r"\bpid \d+", "pid #", line)
     return re.sub(r"\s+", " ", line).strip()
@@ -308,12 +312,17 @@ def test_the_comparison_catches_drift() -> None:
     assert not same_output(["ΣH 3.50 > 0.743"], ["ΣH 3.47 > 0.743"])
     assert not same_output(["说话人为女声"], ["说话人为男声"])
     assert not same_output(["batch: 9 ok"], ["batch: 8 ok"])
+    assert same_output(["batch: 1/9 clips (0 failed), 1 s elapsed, about 5 s left"],
+                       ["batch: 1/9 clips (0 failed), 0 s elapsed, about 12 s left"])
+    assert not same_output(["batch: 1/9 clips (0 failed), 1 s elapsed, about 5 s left"],
+                           ["batch: 2/9 clips (0 failed), 1 s elapsed, about 5 s left"])
     assert not same_output(["a", "b"], ["a"])
     record = {"file": "x.wav", "edge": "/srv/x/specdec_cli/demo/models/edge", "latency_s": 0.1, "tokens": 28}
     shown = dict(record, edge="…/specdec_cli/demo/models/edge", latency_s=9.9)
     assert same_output([json.dumps(record)], [json.dumps(shown, ensure_ascii=False)])
     assert not same_output([json.dumps(record)], [json.dumps(dict(shown, tokens=29), ensure_ascii=False)])
     assert parse_steps("$ a \\\n  --b\nout\n$ c &\n")[0].command == "a  --b"
+    assert parse_steps("$ a \\\n  --b\nout\n")[0].source == ["$ a \\", "  --b"]
     assert [s.background for s in parse_steps("$ a\n$ b &\n")] == [False, True]
     assert parse_steps("$ x  # exit 2\n")[0].exit_code == 2
 
@@ -348,7 +357,7 @@ def regenerate(path: Path) -> int:
             ran = run_example(example, Path(folder))
             body = []
             for r in ran:
-                body.append("$ " + r.step.command)
+                body.extend(r.step.source or ["$ " + r.step.command])  # continued lines kept as written
                 body.extend(shown_form(line, Path(folder)) for line in r.output)
                 if r.code is not None and r.code != r.step.exit_code:
                     print(f"{example.where}: `{r.step.command}` exited {r.code}", file=sys.stderr)

@@ -14,7 +14,7 @@ from ..errors import InputError, SpecdecError
 from . import ui
 from .app import Interrupted
 from .describe import load, spec_of
-from .options import DECODING, MODELS, Decoding, Models, with_options
+from .options import DECODING, MODELS, Decoding, Models, SegmentOpt, with_options
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..scale.ray_batch import DescribeAll, RayOptions, WorkerEvent
     from ..settings import PairSpec, Settings
 
-# Measured on the bundled pair, 2 CPU cores (README, "specdec batch --batch-size").
+# Measured on the bundled pair, 2 CPU cores (docs/benchmarks.md, "Many clips at once").
 DEFAULT_BATCH_SIZE = 8
 BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Clips decoded together, one forward per model for all (in this process; a remote "
@@ -62,6 +62,7 @@ def batch(
     gpus_per_worker: GpusOpt = 0.0,
     ship_audio: ShipAudioOpt = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
+    segment: SegmentOpt = False,
     *, decoding: Decoding, models: Models,
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
@@ -70,7 +71,9 @@ def batch(
     failed ones are retried, and a run killed at any moment loses nothing already written. A file
     holding anything else (other settings, another tool's lines) is refused, never rewritten; one
     --out takes one run at a time. Every file the audio library can read is taken, whatever its
-    name; what is not audio is listed and left out."""
+    name; what is not audio is listed and left out. With --segment each recording is described in
+    segments cut at pauses, one line per segment, and a rerun resumes at the first segment not
+    recorded."""
     from ..results import ResultsFile, StreamResults, find_audio
     from ..settings import explicit
 
@@ -78,6 +81,8 @@ def batch(
     found = find_audio(directory, recursive, hidden)
     files = found.files
     overrides = explicit(**decoding.given)
+    if segment and ray is not None:
+        raise InputError("--segment does not go with --ray yet; run the segmented batch without --ray")
     ray_options = _ray_options(ray, workers, gpus_per_worker, ship_audio, models.device)
     to_stdout = str(out) == "-"
     if to_stdout and overwrite:
@@ -85,13 +90,15 @@ def batch(
                          "start over")
     spec = spec_of(models, decoding.presets_file)
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)
+    if segment:
+        run = run.segmented()  # the results file says it holds segments: never mixed with whole clips
     if found.ignored or found.hidden:  # said once every check passed: a refusal stays one line
         err.print(found.ignored_line(), markup=False, style="dim", soft_wrap=True)
     results = StreamResults(sys.stdout) if to_stdout else ResultsFile(out, run.run, overwrite)
     with results:
         if results.backup is not None:
             err.print(f"starting over; the old results are kept in {results.backup}", markup=False, soft_wrap=True)
-        summary = _run(files, results, spec, run, ray_options, batch_size, err)
+        summary = _run(files, results, spec, run, ray_options, batch_size, err, segment)
     where = "stdout" if to_stdout else str(out)
     err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, where))
     if summary.link.clips:
@@ -99,6 +106,9 @@ def batch(
     if summary.failed:
         rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
             "; their records say why"
+        if segment:
+            raise SpecdecError(f"{summary.failed} of {summary.ok + summary.failed} records (segments, or recordings "
+                               f"that could not be cut) failed{rerun}")
         raise SpecdecError(f"{summary.failed} of {len(files)} files failed{rerun}")
 
 
@@ -109,39 +119,55 @@ class _Summary:
 
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
-         batch_size: int, err: Console) -> _Summary:
+         batch_size: int, err: Console, segment: bool = False) -> _Summary:
     from ..results import pending, run_batch
 
-    todo, skipped = pending(files, results)
+    todo, skipped = pending(files, results, segment)
     summary = _Summary(skipped=skipped)
     if not todo:
         return summary
     pair = load(spec, err) if ray_options is None else None  # a Ray driver loads no model
-    lines = None if err.is_terminal else ui.ProgressLines(err, len(todo), skipped)
+    # Progress counts clips; with --segment, recordings (how many segments each has is known only
+    # once it is read), each done when its last segment still to do has ended.
+    units = {"unit": "recordings", "skipped_unit": "segments"} if segment else {}
+    lines = None if err.is_terminal else ui.ProgressLines(err, len(todo), skipped, **units)
+    left: dict[Path, int] = {}  # a recording -> its segments not yet ended (from its first record on)
+    spoilt: set[Path] = set()   # recordings with a failed segment
     with ui.batch_progress(err, disable=not err.is_terminal) as progress:
         task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing", total=len(todo))
 
         def on_done(path: Path, record: dict[str, Any]) -> None:
-            progress.advance(task)
             summary.link.add(record)
             failed = record["error"] is not None
+            where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
             if failed:
                 summary.failed += 1
-                progress.console.print(f"failed: {path}: {record['error']}", markup=False, style="yellow",
+                progress.console.print(f"failed: {path}{where}: {record['error']}", markup=False, style="yellow",
                                        soft_wrap=True)  # one line per file, even in a log
             else:
                 summary.ok += 1
+            if record.get("segment") is not None:
+                if path not in left:
+                    left[path] = record["segments"] - len(results.skip(path))
+                left[path] -= 1
+                if failed:
+                    spoilt.add(path)
+                if left[path] > 0:
+                    return  # the recording goes on
+                failed = path in spoilt
+            progress.advance(task)
             if lines is not None:
                 lines.advance(failed)
 
         if pair is not None:
             def describe_all(clips: list[Path]):
-                return ((path, result.record) for path, result in pair.describe_many(clips, run, batch_size))
+                return ((path, result.record) for path, result in
+                        pair.describe_many(clips, run, batch_size, segment=segment, skip=results.skip))
         else:
             assert ray_options is not None
             describe_all = _ray_describe_all(ray_options, spec, run, batch_size, progress.console)
         try:
-            run_batch(files, results, None, None, on_done, describe_all=describe_all)
+            run_batch(files, results, None, None, on_done, describe_all=describe_all, segment=segment)
         except KeyboardInterrupt:
             raise Interrupted(_kept(results, summary)) from None
     return summary

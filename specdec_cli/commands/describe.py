@@ -10,12 +10,14 @@ import typer
 
 from ..audio import check_path
 from ..errors import InputError, SpecdecError, one_line
+from ..segments import Piece
 from ..strict_json import dumps_record
 from . import ui
-from .options import DECODING, MODELS, Decoding, Models, with_options
+from .options import DECODING, MODELS, Decoding, Models, SegmentOpt, with_options
 
 if TYPE_CHECKING:
     from ..pair import Pair
+    from ..segments import Segment
     from ..settings import PairSpec
 
 PLOT_HINT = "plotting needs matplotlib: pip install 'specdec[plot]'"
@@ -55,8 +57,8 @@ def load(spec: PairSpec, err: Any) -> Pair:
 
 @with_options(DECODING, MODELS)
 def describe(
-    clips: Annotated[list[str], typer.Argument(help="Audio files (WAV, FLAC, OGG, MP3, …), at most 30 s each.",
-                                               metavar="CLIP...", show_default=False)],
+    clips: Annotated[list[str], typer.Argument(help="Audio files (WAV, FLAC, OGG, MP3, …), at most 30 s each "
+                                               "(longer with --segment).", metavar="CLIP...", show_default=False)],
     json_out: Annotated[bool, typer.Option("--json", help="Print each clip's record as one JSON line on stdout "
                                            "(no live view, trace or panel).")] = False,
     no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.")] = False,
@@ -65,17 +67,22 @@ def describe(
         "Default: on a terminal, without --json.", show_default=False)] = None,
     plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
                                               "to this PNG (one clip). Needs matplotlib.", show_default=False)] = None,
+    segment: SegmentOpt = False,
     *, decoding: Decoding, models: Models,
 ) -> None:
     """Describe the speaker in each CLIP: prints the sentence (or the record with --json).
 
-    The models load once for all the clips; with several, each sentence follows its file name."""
+    The models load once for all the clips; with several, each sentence follows its file name. With
+    --segment, a long recording is described segment by segment, each sentence after the file name
+    and the segment's start and end (seconds)."""
     from ..settings import explicit
 
     for clip in clips:
         check_path(Path(clip))
     if plot is not None and len(clips) > 1:
         raise InputError("--plot draws one clip's trace; give one clip")
+    if plot is not None and segment:
+        raise InputError("--plot draws one clip's trace; it does not go with --segment")
     overrides = explicit(**decoding.given)
     plot_trace = plot_trace_fn() if plot is not None else None
     err = ui.console()
@@ -86,36 +93,68 @@ def describe(
     pair = load(spec, err)
     views = not json_out  # --json: data only; nothing drawn
     show_trace = (err.is_terminal and views) if trace is None else trace
-    failed = 0
-    for clip in clips:
-        view = ui.LiveView(err, pair.tokenizer, run.cfg, title=f"specdec · {clip}",
-                           enabled=views and not no_live and err.is_terminal)
-        try:
-            with view:
-                result = pair.describe(clip, on_block=view.on_block, resolved=run)
-        except Exception as exc:
-            if len(clips) == 1:
-                raise  # one clip: its error is the command's (message and exit code)
-            failed += 1
-            message = one_line(exc)  # names the clip when the library's message does not
-            err.print(f"error: {message if clip in message else f'{clip}: {message}'}", markup=False, soft_wrap=True)
-            if json_out:
-                _print(dumps_record(pair.error_record(clip, run, one_line(exc))))
-            continue
-        if show_trace and result.events:
-            ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
-        if views:
-            err.print(ui.summary_panel(result.record))
-        if plot_trace is not None and plot is not None:
-            written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)
-            err.print(f"trace plot: {written}", markup=False)
+    alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
+    failed = described = 0
+
+    def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
+        nonlocal failed
+        failed += 1
+        message = one_line(exc)  # names the clip when the library's message does not
+        label = clip if where is None else f"{clip} {_span(where)}"
+        err.print(f"error: {message if clip in message and where is None else f'{label}: {message}'}",
+                  markup=False, soft_wrap=True)
         if json_out:
-            _print(dumps_record(result.record))
-        else:  # several clips: each sentence after its file, as grep names its files
-            text = result.description or ""
-            _print(text if len(clips) == 1 else f"{clip}: {text}")
+            _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where)))
+
+    for clip in clips:
+        if segment:
+            try:
+                recording = pair.recording(clip)
+            except Exception as exc:
+                if len(clips) == 1:
+                    raise  # one recording that cannot be read: the command's error
+                described += 1
+                failure(clip, exc)
+                continue
+            parts: list[Segment | None] = list(recording.segments)
+        else:
+            parts = [None]
+        for where in parts:
+            described += 1
+            title = f"specdec · {clip}" + (f" · {_span(where)}" if where is not None else "")
+            view = ui.LiveView(err, pair.tokenizer, run.cfg, title=title,
+                               enabled=views and not no_live and err.is_terminal)
+            try:
+                audio = Piece(clip, where, recording.read(where)) if where is not None else clip
+                with view:
+                    result = pair.describe(audio, on_block=view.on_block, resolved=run)
+            except Exception as exc:
+                if alone:
+                    raise
+                failure(clip, exc, where)
+                continue
+            if show_trace and result.events:
+                ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
+            if views:
+                err.print(ui.summary_panel(result.record))
+            if plot_trace is not None and plot is not None:
+                written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)
+                err.print(f"trace plot: {written}", markup=False)
+            if json_out:
+                _print(dumps_record(result.record))
+            else:  # several clips (or segments): each sentence after its file, as grep names its files
+                text = result.description or ""
+                _print(text if alone else f"{clip}{' ' + _span(where) if where is not None else ''}: {text}")
+        if segment:
+            recording.close()
     if failed:
-        raise SpecdecError(f"{failed} of {len(clips)} clips failed (each said why above)")
+        what = "segments or clips" if segment else "clips"
+        raise SpecdecError(f"{failed} of {described} {what} failed (each said why above)")
+
+
+def _span(segment: Segment) -> str:
+    """Where a segment is, as its lines name it: '30.00–58.50 s'."""
+    return f"{segment.start_s:.2f}–{segment.end_s:.2f} s"
 
 
 def _print(line: str) -> None:

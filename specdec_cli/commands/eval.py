@@ -1,4 +1,5 @@
-"""`specdec eval DIR --labels labels.jsonl`: every mode on the same labelled clips, in one process.
+"""`specdec eval DIR [--labels labels.jsonl]`: every mode on the same clips, in one process; without
+labels, quality is agreement with cloud-only (accuracy needs labels).
 
 Thin: parse options, load the pair once, run `evaluate.run_eval` under a progress bar, print the
 tables (stdout; stderr with --json, whose report is then stdout's only content), write the report
@@ -28,7 +29,7 @@ from .options import GENERATION, MODELS, Models, with_options
 def _tables(report: dict[str, Any]) -> list[Table]:
     rtt = bool(report["settings"].get("cloud_rtt_ms"))
     tables = []
-    for title, cols in evaluate.summary_tables(rtt, evaluate.has_link(report)):
+    for title, cols in evaluate.summary_tables(rtt, evaluate.has_link(report), evaluate.labelled(report)):
         table = Table(title=f"{title} · {report['clips']} clips", title_style="bold", box=box.SIMPLE_HEAD)
         for i, (header, _) in enumerate(cols):
             table.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
@@ -43,12 +44,11 @@ def _frontier_table(report: dict[str, Any]) -> Table | None:
     if not fr:
         return None
     table = Table(title=f"threshold sweep (k = {fr['k']})", title_style="bold", box=box.SIMPLE_HEAD)
-    for header in ("threshold", "calls/token", "accuracy", "all six", "valid", "speedup"):
+    headers, cells = evaluate.frontier_columns(evaluate.labelled(report))
+    for header in headers:
         table.add_column(header, justify="right")
-    f = evaluate.fmt
     for p in fr["points"]:
-        table.add_row(f(p["threshold"], 2), f(p["cloud_call_rate"]), f(p["mean_accuracy"], pct=True),
-                      f(p["all_correct_rate"], pct=True), f(p["valid_rate"], pct=True), f(p["speedup"], 2))
+        table.add_row(*cells(p))
     return table
 
 
@@ -58,7 +58,8 @@ def evaluate_command(
                                               metavar="DIR", show_default=False)],
     labels: Annotated[Path | None, typer.Option(
         help="labels.jsonl: one {\"file\": ..., \"labels\": {gender, rate, pitch, volume, pauses, emotion}} "
-             "per line. Default: DIR/labels.jsonl.", show_default=False)] = None,
+             "per line. Default: DIR/labels.jsonl; without one, every audio file of DIR is scored by agreement "
+             "with cloud-only instead of accuracy.", show_default=False)] = None,
     modes: Annotated[str, typer.Option(
         help="Comma list of modes to run: edge, cloud, fluent, quality, always (spec with every block verified).")
     ] = ",".join(evaluate.MODE_NAMES),
@@ -87,8 +88,8 @@ def evaluate_command(
         "then includes its batch-mates' share of each forward, so keep 1 to compare latencies).")] = 1,
     *, generation: dict[str, Any], models: Models,
 ) -> None:
-    """Score edge-only, cloud-only and the speculative modes on labelled clips: accuracy per
-    attribute, sentence validity, cloud calls, latency and speedup."""
+    """Score edge-only, cloud-only and the speculative modes on clips: accuracy per attribute (with
+    labels; without, agreement with cloud-only), sentence validity, cloud calls, latency and speedup."""
     from ..settings import explicit
 
     err = ui.console()
@@ -103,8 +104,19 @@ def evaluate_command(
     thresholds = evaluate.parse_sweep(sweep) if sweep else []
     base = explicit(**generation)
     max_new_tokens = base.pop("max_new_tokens", 64)
-    labels_path = labels if labels is not None else directory / "labels.jsonl"
-    clips = evaluate.read_labels(labels_path, directory)[:limit]
+    labels_path: Path | None = labels if labels is not None else directory / "labels.jsonl"
+    if labels is None and not (directory / "labels.jsonl").is_file():
+        labels_path = None
+        clips = evaluate.unlabelled_clips(directory)[:limit]
+        if plot is not None:
+            raise InputError("--plot draws accuracy against cloud calls, which needs --labels")
+        agree = ("quality is agreement with cloud-only's sentence" if "cloud" in mode_names else
+                 "add cloud to --modes for agreement with cloud-only's sentence")
+        err.print(f"no labels ({directory / 'labels.jsonl'} not found): accuracy needs --labels; {agree}",
+                  markup=False, soft_wrap=True)
+    else:
+        assert labels_path is not None
+        clips = evaluate.read_labels(labels_path, directory)[:limit]
     if plot is not None:
         from . import plots
 
@@ -130,7 +142,8 @@ def evaluate_command(
                 "cloud_rtt_ms": cloud_rtt_ms, "device": models.device, "dtype": models.dtype,
                 "batch_size": batch_size, "configs": {m.name: m.cfg.as_dict() for m in eval_modes}}
     result = evaluate.build_report(records, eval_modes, edge=pair.models.edge_id, cloud=pair.models.cloud_id,
-                                   samples=str(directory), labels=str(labels_path), settings=settings)
+                                   samples=str(directory), labels=str(labels_path) if labels_path else None,
+                                   settings=settings)
 
     out = err if json_out else Console(highlight=False)  # the tables are the output, unless the report is
     for table in _tables(result):

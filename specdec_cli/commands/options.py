@@ -181,6 +181,12 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
     return wrap
 
 
+# --segment, for the commands that describe recordings (describe, batch).
+SegmentOpt = Annotated[bool, typer.Option(
+    "--segment", help="Describe a recording longer than the model's window (30 s for the demo pair) in segments "
+    "cut at pauses, each of at most the window and each its own record (with segment, start_s, end_s); a "
+    "recording may be up to 4 h long.")]
+
 # Single shared options, for commands that take one of a group's options alone.
 EdgeOpt = MODELS_PARAMS["edge"][0]
 DtypeOpt = MODELS_PARAMS["dtype"][0]

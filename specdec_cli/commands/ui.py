@@ -275,7 +275,8 @@ def summary_panel(record: dict[str, Any]) -> Panel:
         grid.add_row("cloud link", f"{record['round_trips']} trips · "
                                    f"{_size(record['uplink_bytes'])} up · {_size(record['downlink_bytes'])} down · "
                                    f"{record['cloud_wait_s']:.2f} s wait")
-    return Panel(grid, title=f"specdec · {record['file']}", border_style="green")
+    where = f" · {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
+    return Panel(grid, title=f"specdec · {record['file']}{where}", border_style="green")
 
 
 def batch_progress(console: Console, disable: bool = False) -> Progress:
@@ -381,7 +382,8 @@ class ProgressLines:
     """The batch progress for a log: one plain line at the first finished clip, then at most one
     per `every_s` seconds, each saying how far the run is and how long the rest may take."""
 
-    def __init__(self, console: Console, total: int, skipped: int, every_s: float | None = None) -> None:
+    def __init__(self, console: Console, total: int, skipped: int, every_s: float | None = None,
+                 unit: str = "clips", skipped_unit: str = "") -> None:
         import os
 
         if every_s is None:
@@ -390,6 +392,8 @@ class ProgressLines:
             except ValueError:
                 every_s = PROGRESS_EVERY_S
         self.console, self.total, self.skipped, self.every_s = console, total, skipped, every_s
+        self.unit = unit  # what `total` counts; `skipped_unit`: what `skipped` counts, when not that
+        self.skipped_unit = f"{skipped_unit} " if skipped_unit and skipped_unit != unit else ""
         self.done = self.failed = 0
         self.start = time.monotonic()
         self.last: float | None = None
@@ -403,6 +407,6 @@ class ProgressLines:
         self.last = now
         elapsed = now - self.start
         left = elapsed / self.done * (self.total - self.done)
-        self.console.print(f"batch: {self.done}/{self.total} clips ({self.failed} failed"
-                           f"{f', {self.skipped} already recorded' if self.skipped else ''}), "
+        self.console.print(f"batch: {self.done}/{self.total} {self.unit} ({self.failed} failed"
+                           f"{f', {self.skipped} {self.skipped_unit}already recorded' if self.skipped else ''}), "
                            f"{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False, soft_wrap=True)

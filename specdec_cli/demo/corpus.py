@@ -43,12 +43,12 @@ from ..phrases import ATTRIBUTES, predict
 
 SAMPLE_RATE = 16_000
 WINDOW_S = 30.0  # the Whisper feature extractor's window: the longest clip one prefill takes
-VOICE = "cmn-latn-pinyin"  # not `cmn`: it spells hanzi as pinyin + English digits (demo-spec.md)
+VOICE = "cmn-latn-pinyin"  # not `cmn`: it spells hanzi as pinyin + English digits (docs/demo-pair.md)
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".demo-work"
 CORPUS = WORK / "corpus-v2"
 
-# Label -> espeak-ng parameter range (demo-spec.md). Values are drawn uniformly inside the range.
+# Label -> espeak-ng parameter range (docs/demo-pair.md, "The synthetic speech"). Values are drawn uniformly inside the range.
 GENDER_VARIANTS = {"男声": [f"m{i}" for i in range(1, 8)], "女声": [f"f{i}" for i in range(1, 5)]}
 RATE = {"语速较慢": (95, 125), "语速适中": (150, 180), "语速较快": (210, 260)}
 PITCH = {"音调偏低": (5, 25), "音调适中": (40, 60), "音调偏高": (75, 95)}
