@@ -71,12 +71,15 @@ class DecodingSettings(msgspec.Struct, forbid_unknown_fields=True):
     (what the client sends: `cfg.as_dict()`), each with the range the server accepts. Defaults are
     DecodingConfig's (tests/test_wire_properties.py keeps the two in step). The server sets `mode`
     itself (spec for /v1/verify, cloud for /v1/generate); the edge-side fields (k, threshold,
-    uncertainty, verify, seed, instruction, system) are checked but not used by a verification."""
+    uncertainty, verify, gate_upload, gate_verify, seed, instruction, system) are checked but not
+    used by a verification."""
     mode: Literal["spec", "edge", "cloud"] = "spec"
     k: Annotated[int, Meta(ge=1, le=MAX_DRAFT)] = 4
     threshold: Annotated[float, Meta(ge=0.0, description="nats; inf never escalates")] = 5.5
     uncertainty: Literal["sum", "max", "mean"] = "sum"
-    verify: Literal["entropy", "always"] = "entropy"
+    verify: Literal["entropy", "always", "meaning"] = "entropy"
+    gate_upload: Annotated[float, Meta(ge=0.0, description="the meaning gate's limit before upload; inf never")] = 0.5
+    gate_verify: Annotated[float, Meta(ge=0.0, description="the meaning gate's limit once uploaded; inf never")] = 0.5
     constraints: bool = True
     max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_NEW_TOKENS)] = 64
     sample: bool = False
