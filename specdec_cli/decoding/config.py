@@ -42,7 +42,7 @@ class DecodingConfig:
     instruction: str | None = None
     system: str | None = None
     # Constraint knobs (seeds 003/004), all over the answer's CJK content *characters*, so they mean
-    # the same on every tokenizer (README, "The engine", says why these values).
+    # the same on every tokenizer (docs/engine.md, "The decoding rules, on characters", says why).
     repetition_penalty: float = 1.2  # HF semantics, on the answer's CJK content tokens
     no_repeat_ngram: int = 4        # no 4-gram of the punctuation-stripped character stream twice
     comma_min_chars: int = 4        # a mark only after this many CJK chars since the last mark

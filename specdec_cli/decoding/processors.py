@@ -22,7 +22,7 @@ which the demo pair's tokenizer reproduces:
 * repetition penalty: HF's semantics (F4) on the answer's CJK content *tokens* (F9), except the
   token that would double the single character just written (the second 慢 of 慢/慢).
 
-Why n=4 and 12 characters, and what the penalty does to 音 in 音调/音量/音色: README, "The engine".
+Why n=4 and 12 characters, and what the penalty does to 音 in 音调/音量/音色: docs/engine.md, "The decoding rules, on characters".
 
 Speed (V≈152k): each rule's bans for an answer prefix are a few index arrays found through
 `RuleIndex` lookups, computed once per prefix by `AnswerTracker` (draft and verification score the

@@ -2,7 +2,7 @@
 sent as MessagePack by the client (binary audio without base64) and accepted as JSON too (for
 curl and for reading); errors are always one-line JSON `{"error": ..., "code": ...}`.
 
-What crosses the link, per clip (README, "The remote cloud"):
+What crosses the link, per clip (docs/serve.md, "What crosses the link"):
   * nothing until the first escalation;
   * then, once: the clip (FLAC when its samples are exactly 16- or 24-bit, else raw float32; never
     features), the prompt's token ids, the decoding settings, the answer so far and the draft;
