@@ -26,10 +26,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
-from remote_helpers import Server  # noqa: E402
+
+from specdec_cli.remote.local_server import LocalServer as Server  # noqa: E402
 
 
 def main() -> None:

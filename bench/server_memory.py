@@ -24,17 +24,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 import httpx  # noqa: E402
 import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
-from remote_helpers import Server  # noqa: E402
 
 from specdec_cli.audio import load_audio  # noqa: E402
 from specdec_cli.decoding import DecodingConfig  # noqa: E402
 from specdec_cli.models import load_pair  # noqa: E402
 from specdec_cli.remote import wire  # noqa: E402
+from specdec_cli.remote.local_server import LocalServer as Server  # noqa: E402
 
 
 def proc_kb(pid: int, field: str) -> int:
