@@ -68,8 +68,18 @@ class GenerateBatcher:
         return await future
 
     async def _consume(self) -> None:
-        rows = self.new_rows()
         active: dict[int, _Request] = {}
+        try:
+            await self._steps(active)
+        except BaseException as exc:  # a bug here, or the server stopping: nobody is left waiting forever
+            for req in [*active.values(), *self._queue]:
+                if not req.future.done():
+                    req.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("server stopping"))
+            self._queue.clear()
+            raise
+
+    async def _steps(self, active: dict[int, _Request]) -> None:
+        rows = self.new_rows()
         while self._queue or active:
             # Between two steps: rows whose requester has gone leave, waiting requests join.
             gone = [key for key, req in active.items() if req.future.done()]
@@ -99,7 +109,8 @@ class GenerateBatcher:
             except Exception as exc:  # noqa: BLE001 - each request of the step is run again alone below
                 if self.on_failure is not None:
                     self.on_failure(exc, len(active))
-                retry, active, rows = list(active.values()), {}, self.new_rows()
+                retry, rows = list(active.values()), self.new_rows()
+                active.clear()
                 for req in retry:
                     await self._alone(req)
                 continue
