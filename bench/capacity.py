@@ -294,6 +294,16 @@ def heldout_clips(folder: Path, n: int, start: int) -> list[tuple[str, dict]]:
     return out
 
 
+def default_modes() -> list[str]:
+    """cloud, fluent, quality, then every preset of the demo pair's presets that gates by meaning."""
+    from specdec_cli.models import presets_file_for
+    from specdec_cli.presets import load_presets
+
+    gated = [name for name, preset in load_presets(presets_file_for(None)).items()
+             if preset.values.get("verify") == "meaning" and name not in ("fluent", "quality")]
+    return [CLOUD, "fluent", "quality", *sorted(gated)]
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -324,8 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="small settings that finish within 10 minutes on 2 cores")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     ap.add_argument("--plot", type=Path, help="write clips/s against p95 (PNG)")
-    ap.add_argument("--modes", default=f"{CLOUD},fluent,quality",
-                    help="cloud (cloud-only) and preset names, comma-separated; cloud first sets the SLO")
+    ap.add_argument("--modes", help="cloud (cloud-only) and preset names, comma-separated; cloud first sets the "
+                                    "SLO (default: cloud, fluent, quality and any meaning-gate preset of the pair)")
     ap.add_argument("--clips", type=int, help="labelled held-out clips in the pool (default 24; quick 8)")
     ap.add_argument("--start", type=int, default=1500, help="first held-out clip index")
     ap.add_argument("--workers", type=int, help="edge client processes (default 8; quick 6)")
@@ -346,9 +356,18 @@ def main(argv: list[str] | None = None) -> None:
     per_step = args.per_step or (30 if args.quick else 40)
     bisect = args.bisect if args.bisect is not None else (2 if args.quick else 3)
     args.budget_s = args.budget_s or (480.0 if args.quick else 3600.0)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else default_modes()
     if not modes or modes[0] != CLOUD:
         sys.exit("capacity: --modes must start with cloud (its unloaded time sets the SLO)")
+    from specdec_cli.errors import InputError
+    from specdec_cli.models import presets_file_for
+    from specdec_cli.presets import resolve
+
+    for mode in modes[1:]:
+        try:
+            resolve(mode, presets_file_for(None))
+        except InputError as exc:
+            sys.exit(f"capacity: --modes: {exc}")
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

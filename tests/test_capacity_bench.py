@@ -39,3 +39,10 @@ def test_capacity_bench_smallest_run(tmp_path):
         assert m["max_clips_per_s"] == (max(within) if within else 0.0)
         if m["clips_done"]:
             assert m["uplink_bytes_per_clip"] > 0 and m["server_cpu_s_per_clip"] >= 0
+
+
+def test_an_unknown_mode_is_refused_in_one_line_before_anything_starts(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "bench/capacity.py"), "--modes", "cloud,nosuch", "--quick"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode != 0
+    assert run.stderr.strip().count("\n") == 0 and "unknown preset 'nosuch'" in run.stderr
