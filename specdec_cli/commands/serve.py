@@ -30,6 +30,8 @@ def serve(
     batch_window_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a verification waits for other "
                                                    "sessions' ones to share its forward (0: one at a time).")] = 10.0,
     max_batch: Annotated[int, typer.Option(min=1, help="Verifications in one forward at most (1: one at a time).")] = 16,
+    max_generate_batch: Annotated[int, typer.Option(min=1, help="Cloud-only generations decoded together, "
+                                                    "continuously batched (1: one at a time).")] = 16,
     max_sessions_per_token: Annotated[int, typer.Option(min=0, help="Open sessions one token may hold; room for "
                                                         "more is made from its own least recently used one "
                                                         "(0: --max-sessions / the number of tokens).")] = 0,
@@ -57,6 +59,7 @@ def serve(
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
     options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
-                                  max_connections, header_timeout, body_timeout, keep_alive_timeout)
+                                  max_connections, header_timeout, body_timeout, keep_alive_timeout,
+                                  max_generate_batch)
     server.serve(hosted, host, port, options, announce, sock)
     sys.stderr.write("specdec serve: stopped\n")

@@ -253,42 +253,88 @@ def generate_batch(
 ) -> Iterator[tuple[Hashable, DecodeResult]]:
     """One model alone (cfg.mode "edge" or "cloud"), greedy, for many clips: what
     `baselines.generate_baseline` (HF `generate`) gives each clip, its counters included, with one
-    forward per step for all rows. Per row: the rules process the logits (the same objects HF runs
-    as logits processors), the first argmax is the token (HF's greedy choice), the rules' stop test
-    ends the row. Sampling is not batched here: HF draws from torch's global generator, whose
-    stream depends on every row (callers decode sampled baselines one clip at a time)."""
-    assert not cfg.sample, "sampled baselines run one clip at a time (HF generate)"
+    forward per step for all rows (`GenerateRows`, up to `batch_size` of them)."""
     assert batch_size >= 1, "batch_size must be at least 1"
-    state = BatchState(model, cfg.mode)
+    rows = GenerateRows(model, masks, eos_ids, cfg.mode)
     incoming = iter(clips)
-    rows: dict[Hashable, tuple[list[int], DecodingRules]] = {}   # key -> (prompt + answer, rules)
-    logits: dict[Hashable, torch.Tensor] = {}
     while True:
         # 1. Join: each new clip's prompt runs now (its own forward); its logits give the first token.
         while len(rows) < batch_size and (nxt := next(incoming, None)) is not None:
-            key, inputs = nxt
-            logits[key] = state.join(key, inputs)[-1]
-            prompt_len = len(state[key])
-            rows[key] = (list(state[key].ids), DecodingRules.build(cfg, masks, prompt_len, eos_ids))
+            rows.join(nxt[0], nxt[1], cfg)
         if not rows:
             return
-        # 2. Each row picks its token; a row whose token ends generation leaves, the others feed it.
-        feed: dict[Hashable, list[int]] = {}
-        for key, (sequence, rules) in list(rows.items()):
-            token = first_argmax(rules.process_ids(sequence, logits.pop(key)))
+        # 2. Each row picks its token; a row whose token ends generation leaves (yielded at once).
+        yield from rows.pick()
+        # 3. One forward for every row still going.
+        rows.advance()
+
+
+class GenerateRows:
+    """Continuous batching of greedy one-model generation: rows join (each prompt in a forward of
+    its own), every step picks one token per row and feeds all the rows still going in one forward,
+    a finished row leaves at once. `generate_batch` drives it from an iterable of clips; a server
+    drives it from requests as they come (remote/generations.py). Each row has its own config (its
+    rules, max_new_tokens); all are greedy.
+
+    Per row: the rules process the logits (the same objects HF runs as logits processors), the
+    first argmax is the token (HF's greedy choice), the rules' stop test ends the row: what
+    `baselines.generate_baseline` gives the clip alone, up to float rounding in the batched
+    forward. Sampling is not batched: HF draws from torch's global generator, whose stream
+    depends on every row (callers decode sampled baselines one clip at a time)."""
+
+    def __init__(self, model: PreTrainedModel, masks: VocabMasks, eos_ids: list[int], name: str = "cloud") -> None:
+        self.state = BatchState(model, name)
+        self.masks, self.eos_ids = masks, eos_ids
+        self.rows: dict[Hashable, tuple[list[int], DecodingRules, str]] = {}  # key -> (prompt + answer, rules, mode)
+        self.logits: dict[Hashable, torch.Tensor] = {}  # key -> (V,) for the row's next token
+        self.feed: dict[Hashable, list[int]] = {}       # key -> the token the next forward feeds it
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.rows
+
+    def join(self, key: Hashable, inputs: Mapping[str, torch.Tensor], cfg: DecodingConfig) -> None:
+        """A new row: its prompt runs now (a forward of its own); its logits give its first token."""
+        assert not cfg.sample, "sampled baselines run one clip at a time (HF generate)"
+        self.logits[key] = self.state.join(key, inputs)[-1]
+        prompt_len = len(self.state[key])
+        self.rows[key] = (list(self.state[key].ids), DecodingRules.build(cfg, self.masks, prompt_len, self.eos_ids),
+                          cfg.mode)
+
+    def leave(self, key: Hashable) -> None:
+        """Drop a row before it ends (its requester is gone)."""
+        self.rows.pop(key)
+        self.logits.pop(key, None)
+        self.feed.pop(key, None)
+        self.state.leave(key)
+
+    def pick(self) -> list[tuple[Hashable, DecodeResult]]:
+        """Each row with logits picks its token; the rows whose token ends generation leave and are
+        returned, the others are fed it by the next `advance`."""
+        finished = []
+        for key in [key for key in self.rows if key in self.logits]:
+            sequence, rules, mode = self.rows[key]
+            token = first_argmax(rules.process_ids(sequence, self.logits.pop(key)))
             if extend(sequence, [token], rules):
-                rows.pop(key)
-                row = state.leave(key)
+                self.rows.pop(key)
+                row = self.state.leave(key)
                 stats = DecodeStats(tokens=len(sequence) - rules.prompt_len)
-                if cfg.mode == "cloud":
+                if mode == "cloud":
                     count_work(stats, _NoWork(), row)
                 else:
                     count_work(stats, row, None)
-                yield key, DecodeResult(sequence[rules.prompt_len:], stats)
+                finished.append((key, DecodeResult(sequence[rules.prompt_len:], stats)))
             else:
-                feed[key] = [token]
-        # 3. One forward for every row still going.
-        logits.update({key: got[-1] for key, got in state.advance(feed).items()})
+                self.feed[key] = [token]
+        return finished
+
+    def advance(self) -> None:
+        """One forward for every row fed a token by `pick`."""
+        if self.feed:
+            feed, self.feed = self.feed, {}
+            self.logits.update({key: got[-1] for key, got in self.state.advance(feed).items()})
 
 
 class _NoWork:

@@ -24,7 +24,9 @@ are listed in docs/security.md. Model work runs in a worker thread under one loc
 Verifications of concurrent sessions that arrive within --batch-window-ms of each other run as one
 batched forward (at most --max-batch sessions; `batching.py` says how, who owns a session's cache
 meanwhile, and how a failing batch is retried one request at a time so that a request fails only
-itself); --batch-window-ms 0 or --max-batch 1 verifies one request at a time.
+itself); --batch-window-ms 0 or --max-batch 1 verifies one request at a time. Cloud-only
+generations are batched continuously (at most --max-generate-batch rows; generations.py says how);
+--max-generate-batch 1 runs one at a time.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ MAX_DRAFT = wire.MAX_DRAFT            # tokens in one draft
 MAX_NEW_TOKENS = wire.MAX_NEW_TOKENS  # a config may not ask the server for more than this
 BATCH_WINDOW_MS = 10.0    # how long a verification waits for others to share its forward (bench/server_batching.py)
 MAX_BATCH = 16            # verifications in one forward
+MAX_GENERATE_BATCH = 16   # cloud-only generations decoded together (continuous batching)
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -186,6 +189,8 @@ class Metrics:
         self.requests = Counter("specdec_requests", "Requests answered, by status", ["status"], registry=r)
         self.batch_size = Histogram("specdec_verify_batch_size", "Verifications scored in one forward",
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.generate_rows = Histogram("specdec_generate_batch_size", "Cloud-only generations in one step",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -203,6 +208,7 @@ class ServeOptions:
     header_timeout_s: float = 10.0             # a request head must arrive within this
     body_timeout_s: float = 60.0               # ... and its body within this after it
     keep_alive_timeout_s: int = 5              # an idle keep-alive connection is closed after this
+    max_generate_batch: int = MAX_GENERATE_BATCH  # 1: one cloud-only generation at a time
 
     @property
     def per_token(self) -> int:
@@ -249,7 +255,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     from ..decoding.config import DecodingConfig
     from ..decoding.processors import DecodingRules
     from ..decoding.verifier import LocalCloud
-    from . import batching
+    from . import batching, generations
 
     metrics = Metrics()
     memory = MemoryReturn()
@@ -374,6 +380,22 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                                 lambda: sessions.idle() + arriving[0])
                if options.batch_window_ms > 0 and options.max_batch > 1 else None)
 
+    def generate_alone(inputs: Any, cfg: Any) -> Any:
+        from ..decoding.baselines import generate_baseline
+
+        return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids)
+
+    def generate_failed(exc: BaseException, n: int) -> None:
+        crashed(f"a batched step of {n} cloud-only generations failed (a specdec bug); each was run alone", exc)
+
+    def generate_rows() -> Any:
+        from ..decoding.batch_loop import GenerateRows
+
+        return GenerateRows(hosted.model, hosted.masks, hosted.eos_ids, "cloud")
+    generator = (generations.GenerateBatcher(generate_rows, in_worker, generate_alone, options.max_generate_batch,
+                                             generate_failed, metrics.generate_rows.observe)
+                 if options.max_generate_batch > 1 else None)
+
     async def verify_now(job: batching.Job) -> wire.VerifyResponse:
         """Batched with other sessions' verifications, or alone (--batch-window-ms 0 / --max-batch 1)."""
         if batcher is not None:
@@ -480,12 +502,16 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         if pad is not None:
             check_ids([pad], "pad_id")
         inputs = await to_thread.run_sync(inputs_of, req.clip)
+        if generator is not None and not cfg.sample:
+            # Continuously batched with the other generations (generations.py). The pad id is HF
+            # generate's for finished rows of a batch; a batch-1 greedy run never pads.
+            result = await generator.submit(inputs, cfg)
+        else:
+            def run() -> Any:
+                from ..decoding.baselines import generate_baseline
 
-        def run() -> Any:
-            from ..decoding.baselines import generate_baseline
-
-            return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad)
-        result = await in_worker(run)
+                return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad)
+            result = await in_worker(run)
         memory.soon()  # its cache is gone
         s = result.stats
         metrics.generations.inc()

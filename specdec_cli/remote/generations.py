@@ -1,0 +1,132 @@
+"""Cloud-only descriptions (`/v1/generate`) for `specdec serve`, with continuous batching.
+
+A cloud-only server that runs one request at a time is a weak baseline: any real one (vLLM,
+SGLang) batches concurrent requests continuously. So do we, with the rows the batch command
+decodes cloud-only clips in (`batch_loop.GenerateRows` over `BatchState`): a request's clip joins
+the running batch between two steps (its prompt in a forward of its own, as every BatchState join
+on a CPU), every step is one forward for all the rows still going, and a row that ends leaves at
+once and is answered. Each row's tokens are what HF `generate` gives the clip alone (the
+one-at-a-time server's answer), up to float rounding in the batched forward (tests/test_remote_generate.py
+compares them through a real server).
+
+One consumer task on the event loop runs the steps, each in a worker thread under the server's
+model lock (`in_worker`), so verifications and generations take turns forward by forward. It
+exists while there are rows or requests waiting, up to `max_rows` rows at a time.
+
+A request fails only itself, as with verification batching (batching.py): when a step raises,
+the batch's cache is in an unknown state, so it is dropped and every request that was in it is
+run again alone from its clip (`alone`: HF generate, the one-at-a-time server's path); only a
+request that also fails alone gets an error. Sampled requests are never batched (HF draws from
+torch's global generator, whose stream would depend on every row): the server runs them alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class _Request:
+    inputs: Mapping[str, Any]
+    cfg: Any            # DecodingConfig (greedy, mode "cloud")
+    future: asyncio.Future
+
+
+class GenerateBatcher:
+    """`submit(inputs, cfg)` -> the clip's DecodeResult, continuously batched with the others.
+
+    `rows()`: a fresh `GenerateRows` for the hosted model; `in_worker(fn)`: run fn in a worker
+    thread under the model lock; `alone(inputs, cfg)`: the one-at-a-time answer (HF generate);
+    `on_failure(exc, n)`: told when a step of n rows failed (the server logs it once);
+    `on_step(n)`: told the rows of each step (a metric)."""
+
+    def __init__(self, rows: Callable[[], Any], in_worker: Callable[[Callable[[], Any]], Awaitable[Any]],
+                 alone: Callable[[Mapping[str, Any], Any], Any], max_rows: int,
+                 on_failure: Callable[[BaseException, int], None] | None = None,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        assert max_rows > 1, "a batcher batches: max_rows > 1"
+        self.new_rows, self.in_worker, self.alone, self.max_rows = rows, in_worker, alone, max_rows
+        self.on_failure, self.on_step = on_failure, on_step
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._consumer: asyncio.Task | None = None
+        self._keys = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, inputs: Mapping[str, Any], cfg: Any) -> Any:
+        assert not cfg.sample, "sampled generations run alone (see above)"
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(inputs, cfg, future))
+        if self._consumer is None or self._consumer.done():
+            self._consumer = asyncio.get_running_loop().create_task(self._consume())
+        return await future
+
+    async def _consume(self) -> None:
+        active: dict[int, _Request] = {}
+        try:
+            await self._steps(active)
+        except BaseException as exc:  # a bug here, or the server stopping: nobody is left waiting forever
+            for req in [*active.values(), *self._queue]:
+                if not req.future.done():
+                    req.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("server stopping"))
+            self._queue.clear()
+            raise
+
+    async def _steps(self, active: dict[int, _Request]) -> None:
+        rows = self.new_rows()
+        while self._queue or active:
+            # Between two steps: rows whose requester has gone leave, waiting requests join.
+            gone = [key for key, req in active.items() if req.future.done()]
+            for key in gone:
+                del active[key]
+            joining: dict[int, _Request] = {}
+            while self._queue and len(active) + len(joining) < self.max_rows:
+                req = self._queue.popleft()
+                if not req.future.done():
+                    joining[next(self._keys)] = req
+            if not active and not joining:
+                continue
+
+            def step(rows: Any = rows, gone: list[int] = gone, joining: dict[int, _Request] = joining) -> list:
+                for key in gone:
+                    if key in rows:
+                        rows.leave(key)
+                for key, req in joining.items():
+                    rows.join(key, req.inputs, req.cfg)
+                rows.advance()
+                return rows.pick()
+            active.update(joining)
+            if self.on_step is not None:
+                self.on_step(len(active))
+            try:
+                finished = await self.in_worker(step)
+            except Exception as exc:  # noqa: BLE001 - each request of the step is run again alone below
+                if self.on_failure is not None:
+                    self.on_failure(exc, len(active))
+                retry, rows = list(active.values()), self.new_rows()
+                active.clear()
+                for req in retry:
+                    await self._alone(req)
+                continue
+            for key, result in finished:
+                req = active.pop(key)
+                if not req.future.done():
+                    req.future.set_result(result)
+
+    async def _alone(self, req: _Request) -> None:
+        if req.future.done():
+            return
+        try:
+            result = await self.in_worker(lambda: self.alone(req.inputs, req.cfg))
+        except Exception as exc:  # noqa: BLE001 - this request fails alone too: its error is its answer
+            if not req.future.done():
+                req.future.set_exception(exc)
+            return
+        if not req.future.done():
+            req.future.set_result(result)
