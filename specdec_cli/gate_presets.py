@@ -30,7 +30,7 @@ from .presets import GATE_KEYS as PRESET_GATE_KEYS  # the keys a preset may hold
 from .presets import GATE_TABLE as TABLE
 from .presets import GATE_TABLE_KEYS, PresetFiles, layered_files
 
-__all__ = ["PRESET_GATE_KEYS", "TABLE", "gate_id", "gate_toml", "load_gate", "load_gates", "parse_gate",
+__all__ = ["PRESET_GATE_KEYS", "TABLE", "gate_file", "gate_id", "gate_toml", "load_gate", "load_gates", "parse_gate",
            "preset_gate_lines"]
 
 
@@ -112,6 +112,11 @@ def load_gates(files: PresetFiles, tokenizer: str | None = None) -> MeaningGate 
     """The gate of layered presets files (the model folder's, then --presets): the last file
     holding a `[gate]` table wins, as a later file's presets replace an earlier one's; None when
     none holds one, or that gate was fitted with another tokenizer (the entropy gate then)."""
+    return load_gate(gate_file(files), tokenizer)
+
+
+def gate_file(files: PresetFiles) -> Path | None:
+    """The last of the layered presets files that holds a `[gate]` table (None: none does)."""
     chosen: Path | None = None
     for path in layered_files(files):
         try:
@@ -120,7 +125,7 @@ def load_gates(files: PresetFiles, tokenizer: str | None = None) -> MeaningGate 
             raise InputError(f"cannot read presets file {path}: {exc}") from exc
         if TABLE in data:
             chosen = path
-    return load_gate(chosen, tokenizer)
+    return chosen
 
 
 def gate_id(gate: MeaningGate) -> str:

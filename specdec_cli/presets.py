@@ -82,7 +82,7 @@ def _check_keys(table: dict, path: Path, where: str, allowed: Sequence[str] = AL
             raise InputError(f"presets file {path}: unknown key {key!r}{where}; {hint}")
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """A path as a user would type it: relative to the working directory when it is below it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -124,7 +124,7 @@ def load_presets(model_presets: PresetFiles = None) -> dict[str, Preset]:
         for name, table in presets_of(_read(path)).items():
             base = presets.get(name, Preset(name, {}, "", ""))
             values = {**base.values, **{k: table[k] for k in _KEYS if k in table}}
-            presets[name] = Preset(name, values, _shown(path), table.get("description", base.description))
+            presets[name] = Preset(name, values, shown(path), table.get("description", base.description))
     return presets
 
 

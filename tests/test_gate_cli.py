@@ -9,6 +9,7 @@ run with the same settings (the fallback must be token-identical to it); the rec
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -113,3 +114,76 @@ def test_a_misspelled_gate_key_is_refused_in_one_line(tmp_path, table, key):
     done = run_specdec("presets", "--presets", str(bad))
     assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+def _help(command: str) -> str:
+    done = run_specdec(command, "--help")
+    assert done.returncode == 0, done.stderr
+    return " ".join(done.stdout.replace("│", " ").split())
+
+
+def test_the_gate_options_are_declared_once_with_the_same_help():
+    from specdec_cli.commands.options import DECODING, EVAL_GENERATION, GATE_PARAMS
+
+    for group in (DECODING, EVAL_GENERATION):
+        for name, param in GATE_PARAMS.items():
+            assert group.params[name] is param
+    for command in ("describe", "batch", "eval"):
+        text = _help(command)
+        assert "--gate-upload" in text and "--gate-verify" in text, command
+    assert "meaning" in _help("describe")
+
+
+def test_describe_with_the_meaning_gate_from_the_command_line(tmp_path):
+    args = ("describe", str(CLIP), "--preset", "frugal", "--json")
+    first, second = run_specdec(*args), run_specdec(*args)
+    assert first.returncode == 0, first.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["description"] == b["description"] and a["verify"] == "meaning"
+    assert a["cloud_free"] is (a["cloud_work_forwards"] == 0)
+    stays = json.loads(run_specdec("describe", str(CLIP), "--verify", "meaning", "--gate-upload", "inf",
+                                   "--gate-verify", "inf", "--json").stdout)
+    assert stays["cloud_free"] is True and stays["cloud_work_forwards"] == 0
+    assert stays["settings"]["gate_upload"] == "inf" and stays["settings"]["gate"]
+
+
+def test_the_trace_and_the_plot_show_the_meaning_score_against_its_limit(pair, tmp_path):
+    from specdec_cli.commands.ui import trace_lines
+
+    result = pair.describe(CLIP, preset="frugal")
+    cfg = pair.settings("frugal")
+    lines = [line.plain for line in trace_lines(result.events, pair.tokenizer, cfg)]
+    assert "Σm > 0.758" in lines[0] and "0.369" in lines[0]
+    for e, line in zip(result.events, lines[1:], strict=True):
+        assert f"Σm {e.score:.2f} {'>' if e.score > e.limit else '≤'} {e.limit:g}" in line
+        assert ("→ cloud (meaning)" in line) is (e.escalated and e.reason == "meaning")
+        assert f"/{e.meaning[0]:.2f}" in line
+    # The entropy gate's trace reads as before.
+    entropy = pair.describe(CLIP, preset="quality")
+    first = trace_lines(entropy.events, pair.tokenizer, pair.settings("quality"))[0].plain
+    assert first.startswith("trace · escalate when ΣH > 0.743 · k 12 · verify entropy")
+    pytest.importorskip("matplotlib")
+    from specdec_cli.commands.plots import plot_trace
+
+    assert plot_trace(result.events, cfg.threshold, tmp_path / "trace.png", pair.tokenizer).stat().st_size > 0
+
+
+def test_eval_runs_any_preset_by_name_and_batch_counts_the_clips_that_stayed(tmp_path):
+    from specdec_cli import evaluate
+
+    presets = load_presets(DEMO_PRESETS)
+    assert evaluate.parse_modes("cloud,frugal", presets) == ["cloud", "frugal"]
+    with pytest.raises(InputError, match="frugal"):
+        evaluate.parse_modes("frugl", presets)
+    [mode] = evaluate.mode_configs(["frugal"], DEMO_PRESETS, 64, settings={"gate_verify": 0.5})
+    assert mode.cfg.verify == "meaning" and mode.cfg.gate_upload == 0.758 and mode.cfg.gate_verify == 0.5
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for name in ("f_mid_mid_loud.wav", "m_slow_low.wav"):
+        (clips / name).write_bytes((SAMPLES / name).read_bytes())
+    done = run_specdec("batch", str(clips), "--out", str(tmp_path / "r.jsonl"), "--verify", "meaning",
+                       "--gate-upload", "inf", "--gate-verify", "inf")
+    assert done.returncode == 0, done.stderr
+    assert "no cloud: 2 of 2 clips never reached the cloud (100%)" in done.stderr
