@@ -187,3 +187,21 @@ def test_eval_runs_any_preset_by_name_and_batch_counts_the_clips_that_stayed(tmp
                        "--gate-upload", "inf", "--gate-verify", "inf")
     assert done.returncode == 0, done.stderr
     assert "no cloud: 2 of 2 clips never reached the cloud (100%)" in done.stderr
+
+
+def test_the_gate_runs_on_the_edge_with_a_remote_cloud(pair):
+    from remote_helpers import Server
+
+    local = pair.describe(CLIP, preset="frugal")
+    local_free = pair.describe(CLIP, preset="frugal", gate_upload=float("inf"), gate_verify=float("inf"))
+    with Server() as server:
+        remote = Pair(cloud=server.url)
+        assert remote.gate == pair.gate
+        far = remote.describe(CLIP, preset="frugal")
+        far_free = remote.describe(CLIP, preset="frugal", gate_upload=float("inf"), gate_verify=float("inf"))
+    assert far.token_ids == local.token_ids
+    assert [(e.score, e.escalated) for e in far.events] == [(e.score, e.escalated) for e in local.events]
+    assert far.cloud_free is False and far.uplink_bytes > 0
+    # A clip that stays on the edge sends nothing at all.
+    assert far_free.token_ids == local_free.token_ids
+    assert far_free.cloud_free is True and far_free.uplink_bytes == 0 and far_free.round_trips == 0
