@@ -101,10 +101,12 @@ class Pair:
     def _gate(self, spec: PairSpec) -> MeaningGate | None:
         """The presets files' meaning gate when it was fitted on this tokenizer (else None: a
         verify="meaning" preset decodes with the entropy gate and its threshold)."""
-        from .gate_presets import load_gates
         from .remote.wire import tokenizer_fingerprint
 
-        return load_gates(spec.presets_files, tokenizer_fingerprint(self.models.tokenizer))
+        gate = spec.gate
+        if gate is None or (gate.tokenizer and gate.tokenizer != tokenizer_fingerprint(self.models.tokenizer)):
+            return None
+        return gate
 
     @property
     def gate(self) -> MeaningGate | None:

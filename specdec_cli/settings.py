@@ -224,6 +224,10 @@ class PairSpec:
     presets_files: tuple[Path, ...] = ()
     cloud_info: dict[str, Any] | None = field(default=None, compare=False)
     cloud_timeout: float | None = None  # each request's total deadline (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
+    # The presets files' meaning gate (their last [gate] table), read once here so that Ray workers
+    # decode with the driver's gate without re-reading a file their node may lack. Whether it fits
+    # the tokenizer is checked when the pair loads (pair.Pair). A gate.MeaningGate, or None.
+    gate: Any = field(default=None, compare=False)
 
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
@@ -240,7 +244,7 @@ class PairSpec:
         files = tuple(f for f in (presets_file_for(edge), presets_file) if f is not None)
         from .gate_presets import load_gates  # numpy: not on `specdec --help`'s path
 
-        load_gates(files)  # a malformed [gate] table: one line now, before any model loads
+        gate = load_gates(files)  # a malformed [gate] table: one line now, before any model loads
         edge_ref, cloud_ref = with_demo(edge, cloud)
         check_model(edge_ref, "edge")
         info = None
@@ -250,7 +254,7 @@ class PairSpec:
             info = client.info
         else:
             check_model(cloud_ref, "cloud")
-        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout)
+        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate)
 
     @property
     def remote(self) -> bool:
@@ -274,11 +278,11 @@ class PairSpec:
         cfg = decoding_config(chosen, overrides or {})
         name = chosen.name if cfg.mode == "spec" else None
         edge, cloud = with_demo(self.edge, self.cloud)
-        from .gate_presets import gate_id, load_gates
-
         gate = None
-        if cfg.mode == "spec" and cfg.verify == "meaning" and (found := load_gates(self.presets_files)) is not None:
-            gate = gate_id(found)
+        if cfg.mode == "spec" and cfg.verify == "meaning" and self.gate is not None:
+            from .gate_presets import gate_id
+
+            gate = gate_id(self.gate)
         if self.cloud_info is not None:
             info = self.cloud_info  # as RemoteClient.model_id and .fingerprint read it
             run = RunSettings.of(cfg, name, edge, str(info.get("model", cloud.rstrip("/"))), self.dtype,

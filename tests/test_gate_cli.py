@@ -205,3 +205,21 @@ def test_the_gate_runs_on_the_edge_with_a_remote_cloud(pair):
     # A clip that stays on the edge sends nothing at all.
     assert far_free.token_ids == local_free.token_ids
     assert far_free.cloud_free is True and far_free.uplink_bytes == 0 and far_free.round_trips == 0
+
+
+def test_the_live_view_and_the_summary_name_the_meaning_gate(pair):
+    from rich.console import Console
+
+    from specdec_cli.commands.ui import LiveView, summary_panel
+
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    view = LiveView(console, pair.tokenizer, pair.settings("frugal"), enabled=False)
+    result = pair.describe(CLIP, preset="frugal", on_block=view.on_block)
+    last = result.events[-1]
+    console.print(view.render())
+    shown = console.export_text()
+    assert f"Σm {last.score:.2f}" in shown and "meaning" in shown and "Σm > 0.758 / 0.369 (up / held)" in shown
+    stays = pair.describe(CLIP, preset="frugal", gate_upload=float("inf"), gate_verify=float("inf"))
+    console.print(summary_panel(stays.record))
+    panel = console.export_text()
+    assert "never reached" in panel and "upload inf · verify inf" in panel

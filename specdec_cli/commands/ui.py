@@ -52,12 +52,14 @@ def gate_of(event: BlockEvent, cfg: DecodingConfig) -> tuple[str, float, float]:
     return _UNCERTAINTY_LABEL[cfg.uncertainty], event.uncertainty, cfg.threshold
 
 
-def gate_rule(cfg: DecodingConfig) -> str:
-    """The escalation rule in words, for the trace's header and the live view's subtitle."""
+def gate_rule(cfg: DecodingConfig, short: bool = False) -> str:
+    """The escalation rule in words, for the trace's header (and, `short`, the live view's subtitle)."""
     entropy = f"{_UNCERTAINTY_LABEL[cfg.uncertainty]} > {format_threshold(cfg.threshold)}"
     if cfg.verify != "meaning":
         return entropy
     m = _MEANING_LABEL[cfg.uncertainty]
+    if short:
+        return f"{m} > {format_threshold(cfg.gate_upload)} / {format_threshold(cfg.gate_verify)} (up / held)"
     return (f"{m} > {format_threshold(cfg.gate_upload)} (clip not yet up) or {format_threshold(cfg.gate_verify)} "
             f"(cloud holds it); {entropy} without a gate for this task")
 
@@ -178,7 +180,7 @@ class LiveView:
         cfg = self.cfg
         if cfg.mode != "spec":
             return f"mode {cfg.mode}"
-        return f"threshold {gate_rule(cfg)} · k {cfg.k} · verify {cfg.verify}"
+        return f"threshold {gate_rule(cfg, short=True)} · k {cfg.k} · verify {cfg.verify}"
 
     def _block_table(self, event: BlockEvent) -> Table:
         table = Table(show_header=False, box=None, padding=(0, 1))
