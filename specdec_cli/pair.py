@@ -95,6 +95,11 @@ class Pair:
                                            cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout)
         one_thread_if_tiny(self.models)
         self.models.gate = self._gate(spec)
+        if self.models.gate is None and spec.gate is not None:
+            # Fitted on another tokenizer: this pair's records say no gate decided, as none does.
+            from dataclasses import replace
+
+            self.spec = replace(spec, gate=None)
         self.describer = Describer(self.models)
         self._resolved: dict[tuple, Settings] = {}
 

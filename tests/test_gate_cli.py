@@ -99,6 +99,7 @@ def test_a_gate_fitted_on_another_tokenizer_is_not_used(tmp_path):
     entropy = pair.describe(CLIP, preset="frugal", verify="entropy")
     assert meaning.token_ids == entropy.token_ids
     assert all(e.gate == "entropy" for e in meaning.events)
+    assert meaning.settings["gate"] is None  # the record says no gate decided
 
 
 @pytest.mark.parametrize("table, key", [
