@@ -224,3 +224,11 @@ def test_the_live_view_and_the_summary_name_the_meaning_gate(pair):
     console.print(summary_panel(stays.record))
     panel = console.export_text()
     assert "never reached" in panel and "upload inf · verify inf" in panel
+
+
+def test_batched_rows_decode_with_the_gate_as_one_clip_at_a_time(pair):
+    clips = [SAMPLES / n for n in ("f_mid_mid_loud.wav", "m_slow_low.wav", "f_fast_high.wav")]
+    alone = {str(c): (r.token_ids, r.cloud_calls) for c in clips if (r := pair.describe(c, preset="frugal"))}
+    rows = {str(path): result for path, result in pair.describe_many(clips, batch_size=3, preset="frugal")}
+    assert {k: (r.token_ids, r.cloud_calls) for k, r in rows.items()} == alone  # the entropy gate differs here
+    assert all(r.cloud_free is (r.cloud_work_forwards == 0) for r in rows.values())
