@@ -30,10 +30,10 @@ Run by hand from a checkout (needs espeak-ng for the clips):
    best accuracy any setting reached.
    `--per-clip FILE`: every setting's per-clip numbers on both sets (to try other objectives
    without decoding again).
-   `--presets-out FILE`: the presets this measurement supports, as TOML to merge into the demo
-   pair's presets files once presets.py reads the gate (docs/meaning-gate.md): fluent on the
-   meaning gate ("meaning-3"; its entropy threshold, the fallback for another task, is today's
-   fluent's), and the fitted `[gate]` table.
+   `--presets-out FILE`: the presets this measurement supports, as TOML for the demo pair's
+   presets files (docs/meaning-gate.md, section 7): `frugal`, fluent's budget on the meaning gate
+   ("meaning-3"; its entropy threshold, the fallback for another task, is fluent's), and the
+   fitted `[gate]` table.
    `--trace N,M`: the blocks of measurement clips N, M under the "meaning-1" choice (or the sweep
    setting `--trace-setting` names, e.g. "k=6 up=0.485 ver=0.246") and under "entropy-1": each draft
    token with its entropy and meaning score, the block's score against the threshold it was judged
@@ -198,19 +198,20 @@ def trace(pair: ModelPair, clips: ClipSet, i: int, cfg: DecodingConfig, gate: Me
 
 
 def staged_presets(cfg: DecodingConfig, gate: MeaningGate, fluent: dict[str, Any], result: dict[str, Any]) -> str:
-    """fluent on the meaning gate + the [gate] table, with what was measured as comments."""
+    """frugal (fluent's budget on the meaning gate) + the [gate] table, with what was measured as
+    comments: the text the demo pair's presets files carry (docs/meaning-gate.md, section 7)."""
     cal = result["calibration"]
     meas = result["measurement"]
     row = next(v for n, v in meas.items() if n.startswith("meaning-3 ("))
     cal_row = next(v for n, v in cal.items() if n.startswith("meaning-3 ("))
-    lines = ["# Staged by bench/gate.py: fluent on the meaning gate, chosen within 3 points of cloud-only on",
-             f"# {result['clips']['calibration']} (specdec_cli/calibration_objective.choose, z = 1), measured on",
-             f"# {result['clips']['measurement']}. Merge into specdec_cli/demo/models/{{edge,cloud}}/specdec_presets.toml",
-             "# once presets.py reads gate_upload / gate_verify and the [gate] table (docs/meaning-gate.md).",
-             "", "[fluent]",
-             'description = "cheapest within 3 point(s) of cloud-only, meaning gate (bench/gate.py)"',
+    lines = ["# Staged by bench/gate.py: frugal, fluent's budget on the meaning gate, chosen within 3 points of",
+             f"# cloud-only on {result['clips']['calibration']} (specdec_cli/calibration_objective.choose, z = 1),",
+             f"# measured on {result['clips']['measurement']}. The demo pair's presets files",
+             "# (specdec_cli/demo/models/{edge,cloud}/specdec_presets.toml) carry this text after their presets.",
+             "", "[frugal]",
+             'description = "cheapest within 3 point(s) of cloud-only on the meaning gate (bench/gate.py)"',
              f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
-             f"threshold = {float(fluent['threshold'])!r}  # the entropy gate's, for another task (today's fluent)",
+             f"threshold = {float(fluent['threshold'])!r}  # the entropy gate's (fluent's), for another task or tokenizer",
              *preset_gate_lines(cfg.gate_upload, cfg.gate_verify)]
     for name, r in (("calibration", cal_row), ("measurement", row)):
         lines.append(f"# {name}: zero-cloud {100 * r['zero_cloud_share']:.1f}%, accuracy {r['accuracy']:.1f}%, "

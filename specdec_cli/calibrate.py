@@ -308,6 +308,6 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
 
 def _shown(model: str) -> str:
     """A model folder relative to the working directory (as a user types it); a Hub id as is."""
-    from .presets import _shown as shown_path
+    from .presets import shown as shown_path
 
     return shown_path(Path(model)) if Path(model).is_dir() else model

@@ -60,7 +60,7 @@ class Describer:
         link = None
         if p.remote is None:
             if cfg.mode == "spec":
-                result = speculative_decode(p.edge, p.cloud, inputs, cfg, p.masks, p.eos_ids, on_block)
+                result = speculative_decode(p.edge, p.cloud, inputs, cfg, p.masks, p.eos_ids, on_block, gate=p.gate)
             else:
                 model = p.cloud if cfg.mode == "cloud" else p.edge
                 result = generate_baseline(model, inputs, cfg, p.masks, p.eos_ids, p.tokenizer.pad_token_id)
@@ -68,7 +68,8 @@ class Describer:
             # The same loop; its cloud is this clip's session on the server (opened lazily).
             cloud = p.remote.clip(audio, cfg)
             try:
-                result = speculative_decode(p.edge, cloud, inputs, cfg, p.masks, p.eos_ids, on_block)
+                # The gate runs here, on the edge: the server only scores what it is sent.
+                result = speculative_decode(p.edge, cloud, inputs, cfg, p.masks, p.eos_ids, on_block, gate=p.gate)
             finally:
                 cloud.close()
             link = cloud.link
@@ -142,7 +143,8 @@ def _engine(pair: Any, cfg: DecodingConfig, clips: Iterator[tuple[Any, Any]], ba
     from .decoding.batch_loop import generate_batch, speculative_decode_batch  # torch: loaded with the models
 
     if cfg.mode == "spec":
-        return speculative_decode_batch(pair.edge, pair.cloud, clips, cfg, pair.masks, pair.eos_ids, batch_size)
+        return speculative_decode_batch(pair.edge, pair.cloud, clips, cfg, pair.masks, pair.eos_ids, batch_size,
+                                        gate=getattr(pair, "gate", None))
     model = pair.cloud if cfg.mode == "cloud" else pair.edge
     return generate_batch(model, clips, cfg, pair.masks, pair.eos_ids, batch_size)
 

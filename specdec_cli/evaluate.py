@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ from .describe import Describer, describe_many
 from .errors import InputError, one_line
 from .metrics import immediate_repeats
 from .phrases import ATTRIBUTES, agreement, predict
-from .presets import PresetFiles, resolve
+from .presets import PresetFiles, load_presets, resolve
 from .records import build_record, modelled_latency
 from .strict_json import json_safe
 
@@ -125,11 +125,15 @@ class EvalMode:
     sweep: bool = False
 
 
-def parse_modes(text: str) -> list[str]:
+def parse_modes(text: str, presets: Container[str] = ()) -> list[str]:
+    """The mode names of --modes: MODE_NAMES, or any other preset by name (`presets`: the presets
+    in effect), run as a speculative mode."""
     names = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if m not in MODE_NAMES]
+    unknown = [m for m in names if m not in MODE_NAMES and m not in presets]
     if unknown or not names:
-        raise InputError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; choose from {','.join(MODE_NAMES)}")
+        others = [p for p in sorted(presets) if p not in MODE_NAMES] if isinstance(presets, dict) else []
+        raise InputError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; choose from "
+                         f"{','.join([*MODE_NAMES, *others])}")
     return list(dict.fromkeys(names))
 
 
@@ -177,6 +181,8 @@ def mode_configs(names: Sequence[str], presets_file: PresetFiles, max_new_tokens
             modes.append(EvalMode(name, _preset_cfg(name, presets_file, base, k, settings), name))
         elif name == "always":
             modes.append(EvalMode(name, _preset_cfg("quality", presets_file, base, k, settings).with_(verify="always"), "quality"))
+        elif name in load_presets(presets_file):  # another preset (frugal, one of --presets)
+            modes.append(EvalMode(name, _preset_cfg(name, presets_file, base, k, settings), name))
         else:
             raise InputError(f"unknown mode {name!r}; choose from {','.join(MODE_NAMES)}")
     if thresholds:

@@ -26,10 +26,12 @@ from typing import Any
 
 from .decoding.gate import MeaningGate
 from .errors import InputError
+from .presets import GATE_KEYS as PRESET_GATE_KEYS  # the keys a preset may hold for the gate (besides verify)
+from .presets import GATE_TABLE as TABLE
+from .presets import GATE_TABLE_KEYS, PresetFiles, layered_files
 
-TABLE = "gate"
-# The keys a preset may hold for the meaning gate (besides verify = "meaning").
-PRESET_GATE_KEYS = ("gate_upload", "gate_verify")
+__all__ = ["PRESET_GATE_KEYS", "TABLE", "gate_file", "gate_id", "gate_toml", "load_gate", "load_gates", "parse_gate",
+           "preset_gate_lines"]
 
 
 def _string(text: str) -> str:
@@ -60,6 +62,9 @@ def parse_gate(table: Mapping[str, Any], source: str = "presets file") -> Meanin
     def bad(what: str) -> InputError:
         return InputError(f"bad [{TABLE}] table in {source}: {what}; rewrite it with `specdec calibrate`")
 
+    unknown = [key for key in table if key not in GATE_TABLE_KEYS]
+    if unknown:
+        raise bad(f"unknown key {unknown[0]!r} (it takes {', '.join(GATE_TABLE_KEYS)})")
     if table.get("kind", "meaning") != "meaning":
         raise bad(f"kind must be \"meaning\", got {table.get('kind')!r}")
     ids, weights = table.get("ids", []), table.get("weights", [])
@@ -101,6 +106,34 @@ def load_gate(path: Path | None, tokenizer: str | None = None) -> MeaningGate | 
     if tokenizer and gate.tokenizer and gate.tokenizer != tokenizer:
         return None
     return gate
+
+
+def load_gates(files: PresetFiles, tokenizer: str | None = None) -> MeaningGate | None:
+    """The gate of layered presets files (the model folder's, then --presets): the last file
+    holding a `[gate]` table wins, as a later file's presets replace an earlier one's; None when
+    none holds one, or that gate was fitted with another tokenizer (the entropy gate then)."""
+    return load_gate(gate_file(files), tokenizer)
+
+
+def gate_file(files: PresetFiles) -> Path | None:
+    """The last of the layered presets files that holds a `[gate]` table (None: none does)."""
+    chosen: Path | None = None
+    for path in layered_files(files):
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InputError(f"cannot read presets file {path}: {exc}") from exc
+        if TABLE in data:
+            chosen = path
+    return chosen
+
+
+def gate_id(gate: MeaningGate) -> str:
+    """A short fingerprint of the gate's weights and task (records' settings carry it, so a batch
+    resumes a clip only when the same gate described it)."""
+    import hashlib
+
+    return hashlib.sha256(gate_toml(gate).encode("utf-8")).hexdigest()[:16]
 
 
 def preset_gate_lines(upload: float, verify: float) -> list[str]:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from .decoding import VocabMasks
+    from .decoding.gate import MeaningGate
     from .processor import AudioTextProcessor
     from .remote.client import RemoteClient
 
@@ -51,6 +52,10 @@ class ModelPair:
     edge_id: str
     cloud_id: str                      # a remote cloud: the model its server reports
     remote: RemoteClient | None = None  # --cloud http://…: the server hosting the cloud
+    # The meaning gate of the presets files (their `[gate]` table), fitted on this pair's tokenizer;
+    # None: none, or fitted on another tokenizer (verify="meaning" is then the entropy gate). It runs
+    # on the edge, so a remote cloud changes nothing. Set by pair.Pair after loading.
+    gate: MeaningGate | None = None
 
     @property
     def tokenizer(self):

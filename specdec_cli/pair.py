@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .decoding import BlockEvent, DecodingConfig
+    from .decoding.gate import MeaningGate
 
 Audio = Union[str, Path, "np.ndarray", Piece]  # noqa: UP007  (a string names numpy without importing it)
 
@@ -93,8 +94,29 @@ class Pair:
                                            edge_device=spec.edge_device, cloud_device=spec.cloud_device,
                                            cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout)
         one_thread_if_tiny(self.models)
+        self.models.gate = self._gate(spec)
+        if self.models.gate is None and spec.gate is not None:
+            # Fitted on another tokenizer: this pair's records say no gate decided, as none does.
+            from dataclasses import replace
+
+            self.spec = replace(spec, gate=None)
         self.describer = Describer(self.models)
         self._resolved: dict[tuple, Settings] = {}
+
+    def _gate(self, spec: PairSpec) -> MeaningGate | None:
+        """The presets files' meaning gate when it was fitted on this tokenizer (else None: a
+        verify="meaning" preset decodes with the entropy gate and its threshold)."""
+        from .remote.wire import tokenizer_fingerprint
+
+        gate = spec.gate
+        if gate is None or (gate.tokenizer and gate.tokenizer != tokenizer_fingerprint(self.models.tokenizer)):
+            return None
+        return gate
+
+    @property
+    def gate(self) -> MeaningGate | None:
+        """The meaning gate this pair decodes verify="meaning" presets with (None: the entropy gate)."""
+        return self.models.gate
 
     # -- settings ---------------------------------------------------------------------------------
 

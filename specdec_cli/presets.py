@@ -14,10 +14,17 @@ from pathlib import Path
 from .errors import InputError
 
 PRESET_KEYS = ("threshold", "k", "uncertainty", "verify")
+# The meaning gate's two thresholds (verify = "meaning"; DecodingConfig fields). The gate itself is
+# the file's `[gate]` table (GATE_TABLE), read by gate_presets.py in the service layer: this module
+# sits below the engine and only checks its keys.
+GATE_KEYS = ("gate_upload", "gate_verify")
+GATE_TABLE = "gate"
+# What a `[gate]` table may hold (gate_presets.gate_toml writes them); anything else is a typo.
+GATE_TABLE_KEYS = ("kind", "description", "instruction", "system", "tokenizer", "default", "ids", "weights")
 # Other settings a presets file may hold (sampling and the prompt); `specdec presets` lists them
 # after the description. Any DecodingConfig knob flags also set could go here.
 EXTRA_KEYS = ("sample", "temperature", "top_p", "top_k", "seed", "instruction", "system")
-_KEYS = PRESET_KEYS + EXTRA_KEYS
+_KEYS = PRESET_KEYS + GATE_KEYS + EXTRA_KEYS
 # What a preset's table (or a configs/*.toml file) may hold: a key outside it is a typo, refused
 # (a misspelled `treshold` silently ignored decodes with another threshold than the user wrote).
 ALLOWED_KEYS = ("description",) + _KEYS
@@ -54,19 +61,28 @@ def _read(path: Path, layered: bool = True) -> dict:
         if not isinstance(table, dict):
             raise InputError(f"presets file {path}: {name!r} is outside any preset; put it under the table of "
                              f"the preset it sets, e.g. [quality]")
-        _check_keys(table, path, f" in [{name}]")
+        if name == GATE_TABLE:
+            _check_keys(table, path, f" in [{name}]", GATE_TABLE_KEYS, "a [gate] table takes")
+        else:
+            _check_keys(table, path, f" in [{name}]")
     return data
 
 
-def _check_keys(table: dict, path: Path, where: str) -> None:
+def presets_of(data: dict) -> dict:
+    """A layered file's presets: its tables but the `[gate]` table (not a preset)."""
+    return {name: table for name, table in data.items() if name != GATE_TABLE}
+
+
+def _check_keys(table: dict, path: Path, where: str, allowed: Sequence[str] = ALLOWED_KEYS,
+                takes: str = "a preset takes") -> None:
     for key in table:
-        if key not in ALLOWED_KEYS:
-            near = difflib.get_close_matches(key, ALLOWED_KEYS, n=1)
-            hint = f"did you mean {near[0]!r}?" if near else f"a preset takes {', '.join(ALLOWED_KEYS)}"
+        if key not in allowed:
+            near = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"{takes} {', '.join(allowed)}"
             raise InputError(f"presets file {path}: unknown key {key!r}{where}; {hint}")
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """A path as a user would type it: relative to the working directory when it is below it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -78,7 +94,7 @@ def _shown(path: Path) -> str:
 PresetFiles = Path | Sequence[Path | None] | None
 
 
-def _files(files: PresetFiles) -> list[Path]:
+def layered_files(files: PresetFiles) -> list[Path]:
     if files is None:
         return []
     if isinstance(files, Path):
@@ -104,11 +120,11 @@ def load_presets(model_presets: PresetFiles = None) -> dict[str, Preset]:
         data = _read(path, layered=False)
         presets[path.stem] = Preset(path.stem, {k: data[k] for k in _KEYS if k in data},
                                     f"configs/{path.name}", data.get("description", ""))
-    for path in _files(model_presets):
-        for name, table in _read(path).items():
+    for path in layered_files(model_presets):
+        for name, table in presets_of(_read(path)).items():
             base = presets.get(name, Preset(name, {}, "", ""))
             values = {**base.values, **{k: table[k] for k in _KEYS if k in table}}
-            presets[name] = Preset(name, values, _shown(path), table.get("description", base.description))
+            presets[name] = Preset(name, values, shown(path), table.get("description", base.description))
     return presets
 
 

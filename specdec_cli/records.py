@@ -66,6 +66,9 @@ def build_record(file: str, text: str | None, result: DecodeResult | None, cfg: 
         record["cloud_prefill_tokens"] = s.cloud_prefill_tokens
         record["cloud_work_tokens"] = s.cloud_work_tokens
         record["cloud_work_forwards"] = s.cloud_work_forwards
+        # The clip never reached the cloud: no upload, no prefill, no round trip (edge-only, or a
+        # speculative run whose every block stayed on the edge).
+        record["cloud_free"] = s.cloud_work_forwards == 0
     record.update(extra)
     return record
 

@@ -58,13 +58,20 @@ class RunSettings:
     # --segment: long recordings cut into segments, each its own record. Left out of a record's
     # settings when off, so the records of whole clips read as they did before it existed.
     segment: bool = False
+    # verify = "meaning": the gate's two thresholds and which gate (gate_presets.gate_id of the
+    # presets files' [gate] table; None: none, so the entropy gate). Left out of a record's
+    # settings for every other verify, so records read as they did before the gate existed.
+    gate_upload: float | None = None
+    gate_verify: float | None = None
+    gate: str | None = None
 
     @classmethod
     def of(cls, cfg: DecodingConfig, preset: str | None, edge: str, cloud: str, dtype: str,
-           cloud_weights: str | None = None) -> RunSettings:
+           cloud_weights: str | None = None, gate: str | None = None) -> RunSettings:
         """`edge` and `cloud` as load_pair gets them (a folder or a Hub id; for a remote cloud the
-        model its server reports, with `cloud_weights`)."""
+        model its server reports, with `cloud_weights`); `gate`: the presets files' gate id."""
         spec = cfg.mode == "spec"
+        meaning = spec and cfg.verify == "meaning"
         return cls(
             mode=cfg.mode,
             preset=preset if spec else None,
@@ -86,13 +93,23 @@ class RunSettings:
             top_k=cfg.top_k if cfg.sample else None,
             instruction=cfg.instruction,
             system=cfg.system,
+            gate_upload=float(cfg.gate_upload) if meaning else None,
+            gate_verify=float(cfg.gate_verify) if meaning else None,
+            gate=gate if meaning else None,
         )
+
+    @property
+    def meaning(self) -> bool:
+        return self.verify == "meaning"
 
     def as_record(self) -> dict[str, Any]:
         """The `settings` field of a record (strict JSON: an infinite threshold is "inf")."""
         record = json_safe(asdict(self))
         if not self.segment:
             del record["segment"]
+        if not self.meaning:
+            for key in ("gate_upload", "gate_verify", "gate"):
+                del record[key]
         return record
 
 
@@ -119,6 +136,9 @@ _WORDS: dict[str, tuple[str, str]] = {   # key -> (with a value: "{}" is the val
     "instruction": ("the instruction {!r}", "the default instruction"),
     "system": ("the system prompt {!r}", "the default system prompt"),
     "segment": ("recordings cut into segments (--segment)", "whole clips (no --segment)"),
+    "gate_upload": ("the meaning gate's upload threshold {}", "no meaning gate upload threshold"),
+    "gate_verify": ("the meaning gate's verify threshold {}", "no meaning gate verify threshold"),
+    "gate": ("the meaning gate {}", "no meaning gate (the entropy gate)"),
 }
 
 
@@ -204,6 +224,10 @@ class PairSpec:
     presets_files: tuple[Path, ...] = ()
     cloud_info: dict[str, Any] | None = field(default=None, compare=False)
     cloud_timeout: float | None = None  # each request's total deadline (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
+    # The presets files' meaning gate (their last [gate] table), read once here so that Ray workers
+    # decode with the driver's gate without re-reading a file their node may lack. Whether it fits
+    # the tokenizer is checked when the pair loads (pair.Pair). A gate.MeaningGate, or None.
+    gate: Any = field(default=None, compare=False)
 
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
@@ -218,6 +242,9 @@ class PairSpec:
             checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
         presets_file = check_presets_file(Path(presets) if presets is not None else None)
         files = tuple(f for f in (presets_file_for(edge), presets_file) if f is not None)
+        from .gate_presets import load_gates  # numpy: not on `specdec --help`'s path
+
+        gate = load_gates(files)  # a malformed [gate] table: one line now, before any model loads
         edge_ref, cloud_ref = with_demo(edge, cloud)
         check_model(edge_ref, "edge")
         info = None
@@ -227,7 +254,7 @@ class PairSpec:
             info = client.info
         else:
             check_model(cloud_ref, "cloud")
-        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout)
+        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate)
 
     @property
     def remote(self) -> bool:
@@ -251,10 +278,15 @@ class PairSpec:
         cfg = decoding_config(chosen, overrides or {})
         name = chosen.name if cfg.mode == "spec" else None
         edge, cloud = with_demo(self.edge, self.cloud)
+        gate = None
+        if cfg.mode == "spec" and cfg.verify == "meaning" and self.gate is not None:
+            from .gate_presets import gate_id
+
+            gate = gate_id(self.gate)
         if self.cloud_info is not None:
             info = self.cloud_info  # as RemoteClient.model_id and .fingerprint read it
             run = RunSettings.of(cfg, name, edge, str(info.get("model", cloud.rstrip("/"))), self.dtype,
-                                 str(info.get("fingerprint", "")))
+                                 str(info.get("fingerprint", "")), gate)
         else:
-            run = RunSettings.of(cfg, name, edge, cloud, self.dtype)
+            run = RunSettings.of(cfg, name, edge, cloud, self.dtype, gate=gate)
         return Settings(cfg, name, run, rtt_ms)

@@ -103,6 +103,8 @@ def batch(
     err.print(ui.batch_summary(summary.ok, summary.failed, summary.skipped, where))
     if summary.link.clips:
         err.print(summary.link.line(), markup=False, soft_wrap=True)
+    elif summary.cloud_free.clips:
+        err.print(summary.cloud_free.line(), markup=False, soft_wrap=True)
     if summary.failed:
         rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
             "; their records say why"
@@ -116,6 +118,7 @@ class _Summary:
     def __init__(self, ok: int = 0, failed: int = 0, skipped: int = 0) -> None:
         self.ok, self.failed, self.skipped = ok, failed, skipped
         self.link = ui.LinkTally()
+        self.cloud_free = ui.CloudFreeTally()
 
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
@@ -138,6 +141,7 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
 
         def on_done(path: Path, record: dict[str, Any]) -> None:
             summary.link.add(record)
+            summary.cloud_free.add(record)
             failed = record["error"] is not None
             where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
             if failed:

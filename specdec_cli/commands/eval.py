@@ -21,9 +21,11 @@ from rich.text import Text
 
 from .. import evaluate
 from ..errors import InputError
+from ..models import presets_file_for
+from ..presets import check_presets_file, load_presets
 from . import ui
 from .describe import load, spec_of
-from .options import GENERATION, MODELS, Models, with_options
+from .options import EVAL_GENERATION, MODELS, Models, with_options
 
 
 def _tables(report: dict[str, Any]) -> list[Table]:
@@ -52,7 +54,7 @@ def _frontier_table(report: dict[str, Any]) -> Table | None:
     return table
 
 
-@with_options(GENERATION, MODELS)
+@with_options(EVAL_GENERATION, MODELS)
 def evaluate_command(
     directory: Annotated[Path, typer.Argument(help="Folder of clips; the labels file names them relative to it.",
                                               metavar="DIR", show_default=False)],
@@ -61,7 +63,8 @@ def evaluate_command(
              "per line. Default: DIR/labels.jsonl; without one, every audio file of DIR is scored by agreement "
              "with cloud-only instead of accuracy.", show_default=False)] = None,
     modes: Annotated[str, typer.Option(
-        help="Comma list of modes to run: edge, cloud, fluent, quality, always (spec with every block verified).")
+        help="Comma list of modes to run: edge, cloud, fluent, quality, always (spec with every block verified), "
+             "or any other preset by name (e.g. frugal, on the meaning gate).")
     ] = ",".join(evaluate.MODE_NAMES),
     report: Annotated[Path | None, typer.Option(
         help="Write the report here as JSON, and as Markdown beside it (same stem, .md).", show_default=False)] = None,
@@ -100,7 +103,8 @@ def evaluate_command(
         raise InputError(f"--limit must be at least 1, got {limit}")
     if report is not None and report.suffix == ".md":
         raise InputError(f"--report {report} must not end in .md: the Markdown version is written beside it")
-    mode_names = evaluate.parse_modes(modes)
+    mode_names = evaluate.parse_modes(modes, load_presets([presets_file_for(models.edge),
+                                                          check_presets_file(presets_file)]))
     thresholds = evaluate.parse_sweep(sweep) if sweep else []
     base = explicit(**generation)
     max_new_tokens = base.pop("max_new_tokens", 64)

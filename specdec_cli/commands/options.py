@@ -31,6 +31,7 @@ class Mode(StrEnum):
 class Verify(StrEnum):
     entropy = "entropy"
     always = "always"
+    meaning = "meaning"
 
 
 class Uncertainty(StrEnum):
@@ -106,6 +107,17 @@ GENERATION_PARAMS = {
                                          "(default 0: all).", panel=_S)], None),
 }
 
+# -- the meaning gate's thresholds (describe, batch, eval) ---------------------------------------------
+
+GATE_PARAMS = {
+    "gate_upload": (Annotated[float | None, _opt(
+        "--gate-upload", help="With verify meaning: escalate a block whose meaning score exceeds this while the "
+        "cloud has not heard the clip (going up uploads it); 'inf' keeps every clip on the edge.", panel=_D)], None),
+    "gate_verify": (Annotated[float | None, _opt(
+        "--gate-verify", help="With verify meaning: escalate a block whose meaning score exceeds this once the "
+        "cloud holds the clip (a check is then one forward over a few tokens).", panel=_D)], None),
+}
+
 # -- decoding: the preset and the speculative knobs (describe, batch) ----------------------------------
 
 
@@ -123,10 +135,13 @@ DECODING_PARAMS = {
     "mode": (Annotated[Mode | None, _opt(help="spec: edge drafts, cloud verifies; edge / cloud: one model alone.",
                                          panel=_D)], None),
     "verify": (Annotated[Verify | None, _opt(
-        help="entropy: only uncertain blocks go to the cloud; always: every block (lossless).", panel=_D)], None),
+        help="entropy: only uncertain blocks go to the cloud; always: every block (lossless); meaning: only blocks "
+        "unsure about what the sentence says (the presets file's meaning gate; without one fitted on this task "
+        "and tokenizer, the entropy gate).", panel=_D)], None),
     "threshold": (Annotated[float | None, _opt(
         help="Escalate a block when its uncertainty (nats) exceeds this; 'inf' never escalates.", panel=_D)], None),
     "k": (Annotated[int | None, _opt("--k", min=1, help="Draft block length.", panel=_D)], None),
+    **GATE_PARAMS,
     "uncertainty": (Annotated[Uncertainty | None, _opt(help="How per-token entropies make a block's uncertainty.",
                                                        panel=_D)], None),
     "constraints": (Annotated[OnOff | None, _opt(
@@ -155,6 +170,8 @@ class Group:
 
 MODELS = Group("models", MODELS_PARAMS, lambda v: Models(**v))
 GENERATION = Group("generation", GENERATION_PARAMS, _given)
+# eval: the generation options and the meaning gate's thresholds (for the modes on verify meaning).
+EVAL_GENERATION = Group("generation", {**GENERATION_PARAMS, **GATE_PARAMS}, _given)
 DECODING = Group("decoding", {**DECODING_PARAMS, **GENERATION_PARAMS}, lambda v: Decoding(
     v.pop("preset"), v.pop("presets_file"), v.pop("cloud_rtt_ms"), _given(v)))
 

@@ -147,13 +147,17 @@ def plot_trace(events: Sequence[BlockEvent], threshold: float, path: str | Path,
     """One clip's decoding: the edge's entropy at every draft token (bars), each block's
     uncertainty (the quantity the gate compares, as a step over the block's tokens) against the
     threshold (dashed), escalated blocks shaded, and draft tokens the cloud rejected crossed out.
-    With a tokenizer (and a CJK font installed) the x axis names the tokens."""
+    Blocks the meaning gate read (verify=meaning) also show its per-token scores (diamonds), the
+    block's score (a purple step) and the limit it was compared with (dashed purple: gate_upload
+    until the cloud holds the clip, then gate_verify); `threshold` is then the entropy gate's,
+    drawn only where that gate read a block. With a tokenizer (and a CJK font installed) the x axis
+    names the tokens."""
     if not events:
         raise InputError("nothing to plot: the trace has no blocks")
     fig = _figure(max(6.4, 0.18 * sum(len(e.draft) for e in events) + 2), 4.0)
     ax = fig.add_subplot()
     x = 0
-    first = {"escalated": True, "rejected": True, "block": True}
+    first = {"escalated": True, "rejected": True, "block": True, "meaning": True, "score": True, "limit": True}
     for e in events:
         n = len(e.draft)
         xs = list(range(x, x + n))
@@ -171,8 +175,17 @@ def plot_trace(events: Sequence[BlockEvent], threshold: float, path: str | Path,
                        zorder=3, label="rejected by the cloud" if first.pop("rejected", False) else None)
         ax.hlines(e.uncertainty, x - 0.5, x + n - 0.5, color="black", lw=1,
                   label="block uncertainty" if first.pop("block", False) else None)
+        if e.gate == "meaning" and e.meaning is not None and e.score is not None and e.limit is not None:
+            ax.scatter(xs, e.meaning, marker="D", s=10, color="tab:purple", zorder=3,
+                       label="meaning score per token" if first.pop("meaning", False) else None)
+            ax.hlines(e.score, x - 0.5, x + n - 0.5, color="tab:purple", lw=1.5,
+                      label="block meaning score" if first.pop("score", False) else None)
+            if math.isfinite(e.limit):
+                ax.hlines(e.limit, x - 0.5, x + n - 0.5, color="tab:purple", ls="--", lw=1,
+                          label="meaning gate's limit" if first.pop("limit", False) else None)
         x += n
-    if math.isfinite(threshold):
+    entropy_gated = any(e.gate != "meaning" for e in events)
+    if math.isfinite(threshold) and entropy_gated:
         ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:g}")
     labels, font, note = _token_labels(events, tokenizer)
     ax.set_xticks(range(len(labels)))
@@ -180,10 +193,13 @@ def plot_trace(events: Sequence[BlockEvent], threshold: float, path: str | Path,
                        rotation=0 if font is not None else 90)
     ax.set_xlim(-1, x)
     ax.set_xlabel("draft token" + (f" ({note})" if note else "" if font is not None else " id"))
-    ax.set_ylabel("nats")
-    ax.set_title("edge entropy per draft token")
+    meaning = not entropy_gated or any(e.gate == "meaning" for e in events)
+    ax.set_ylabel("nats · meaning score" if meaning else "nats")
+    ax.set_title("edge entropy and meaning score per draft token" if meaning else "edge entropy per draft token")
+    limits = [e.limit for e in events if e.gate == "meaning" and e.limit is not None and math.isfinite(e.limit)]
     ax.set_ylim(0, max(max(e.uncertainty for e in events), max(max(e.entropies, default=0) for e in events),
-                       threshold if math.isfinite(threshold) else 0) * 1.15 + 0.1)
+                       threshold if math.isfinite(threshold) and entropy_gated else 0,
+                       max((e.score or 0.0 for e in events), default=0), max(limits, default=0)) * 1.15 + 0.1)
     # Below the axes, so it never hides a block.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     with warnings.catch_warnings():

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..models import presets_file_for
-from ..presets import check_presets_file, load_presets
+from ..presets import check_presets_file, load_presets, shown
 from ..strict_json import dumps_record
 from . import ui
 from .options import EdgeOpt, PresetsFileOpt
@@ -21,9 +21,15 @@ def presets(
     json_out: Annotated[bool, typer.Option("--json", help="Print the presets as one JSON object.")] = False,
 ) -> None:
     """List the presets, their values and where each comes from (configs/, the model folder or --presets)."""
-    merged = load_presets([presets_file_for(edge), check_presets_file(presets_file)])
+    files = [presets_file_for(edge), check_presets_file(presets_file)]
+    merged = load_presets(files)
     if json_out:
         data = {name: {**p.values, "source": p.source, "description": p.description} for name, p in merged.items()}
         sys.stdout.write(dumps_record(data) + "\n")
         return
-    Console(highlight=False).print(ui.presets_table(merged, load_presets(None)))
+    out = Console(highlight=False)
+    out.print(ui.presets_table(merged, load_presets(None)))
+    from ..gate_presets import gate_file, load_gate  # numpy: only here, after the table's imports
+
+    if (path := gate_file(files)) is not None and (gate := load_gate(path)) is not None:
+        out.print(ui.gate_line(gate, shown(path)), soft_wrap=True)

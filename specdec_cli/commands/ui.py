@@ -32,11 +32,36 @@ from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
     from ..decoding.loop import BlockEvent
-from ..presets import EXTRA_KEYS, PRESET_KEYS, Preset
+from ..decoding.gate import DEFAULT_INSTRUCTION
+from ..presets import EXTRA_KEYS, GATE_KEYS, PRESET_KEYS, Preset
 
 ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
 UNIT = "nats"
 _UNCERTAINTY_LABEL = {"sum": "ΣH", "max": "max H", "mean": "mean H"}
+# The meaning gate's block score (decoding/gate.py): the edge's probability mass on alternatives that
+# would change what the sentence says, aggregated like the entropies.
+_MEANING_LABEL = {"sum": "Σm", "max": "max m", "mean": "mean m"}
+_WHY = {"entropy": "uncertain", "meaning": "unsure of the meaning", "loop": "loop detected", "always": "verify=always"}
+
+
+def gate_of(event: BlockEvent, cfg: DecodingConfig) -> tuple[str, float, float]:
+    """(label, score, limit) of the gate that read the block: the meaning gate's score against
+    gate_upload or gate_verify, else the entropy gate's uncertainty against the threshold."""
+    if event.gate == "meaning" and event.score is not None and event.limit is not None:
+        return _MEANING_LABEL[cfg.uncertainty], event.score, event.limit
+    return _UNCERTAINTY_LABEL[cfg.uncertainty], event.uncertainty, cfg.threshold
+
+
+def gate_rule(cfg: DecodingConfig, short: bool = False) -> str:
+    """The escalation rule in words, for the trace's header (and, `short`, the live view's subtitle)."""
+    entropy = f"{_UNCERTAINTY_LABEL[cfg.uncertainty]} > {format_threshold(cfg.threshold)}"
+    if cfg.verify != "meaning":
+        return entropy
+    m = _MEANING_LABEL[cfg.uncertainty]
+    if short:
+        return f"{m} > {format_threshold(cfg.gate_upload)} / {format_threshold(cfg.gate_verify)} (up / held)"
+    return (f"{m} > {format_threshold(cfg.gate_upload)} (clip not yet up) or {format_threshold(cfg.gate_verify)} "
+            f"(cloud holds it); {entropy} without a gate for this task")
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
@@ -57,12 +82,14 @@ def entropy_style(entropy: float, budget: float) -> str:
     return "yellow" if entropy >= budget / 2 else "green"
 
 
-def token_budget(cfg: DecodingConfig, block_len: int) -> float:
-    """The per-token entropy that would put the block at the threshold. With `sum` the threshold
-    is shared by the block's tokens; with `max` and `mean` it applies to each token as is."""
+def token_budget(cfg: DecodingConfig, block_len: int, limit: float | None = None) -> float:
+    """The per-token entropy (or meaning score, against `limit`) that would put the block at the
+    threshold. With `sum` the threshold is shared by the block's tokens; with `max` and `mean` it
+    applies to each token as is."""
+    limit = cfg.threshold if limit is None else limit
     if cfg.uncertainty == "sum" and block_len:
-        return cfg.threshold / block_len
-    return cfg.threshold
+        return limit / block_len
+    return limit
 
 
 def marks(event: BlockEvent) -> list[tuple[str, str]]:
@@ -153,8 +180,7 @@ class LiveView:
         cfg = self.cfg
         if cfg.mode != "spec":
             return f"mode {cfg.mode}"
-        return (f"threshold {_UNCERTAINTY_LABEL[cfg.uncertainty]} > {format_threshold(cfg.threshold)} · "
-                f"k {cfg.k} · verify {cfg.verify}")
+        return f"threshold {gate_rule(cfg, short=True)} · k {cfg.k} · verify {cfg.verify}"
 
     def _block_table(self, event: BlockEvent) -> Table:
         table = Table(show_header=False, box=None, padding=(0, 1))
@@ -174,18 +200,21 @@ class LiveView:
             verdicts.append(Text("+", style="bold magenta"))
         table.add_row(Text("draft"), *tokens)
         table.add_row(Text("H nats"), *entropies)
+        if event.meaning is not None:
+            meaning_budget = token_budget(self.cfg, len(event.draft), event.limit)
+            table.add_row(Text("meaning"), *[Text(f"{m:.2f}", style=entropy_style(m, meaning_budget))
+                                             for m in event.meaning])
         table.add_row(Text("verdict"), *verdicts)
         return table
 
     def _block_line(self, event: BlockEvent) -> Text:
-        label = _UNCERTAINTY_LABEL[self.cfg.uncertainty]
-        over = event.uncertainty > self.cfg.threshold
-        line = Text(f"block {event.index + 1}: {label} {event.uncertainty:.2f} "
-                    f"{'>' if over else '≤'} {format_threshold(self.cfg.threshold)}  ")
+        label, score, limit = gate_of(event, self.cfg)
+        over = score > limit
+        line = Text(f"block {event.index + 1}: {label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}  ")
         if not event.escalated:
             line.append("kept on the edge", style="green")
         else:
-            why = {"entropy": "uncertain", "loop": "loop detected", "always": "verify=always"}.get(event.reason, event.reason)
+            why = _WHY.get(event.reason, event.reason)
             line.append(f"→ cloud ({why}): {event.accepted}/{len(event.draft)} accepted", style="magenta")
         return line
 
@@ -206,28 +235,32 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
     entropy, coloured against the block's share of the threshold, and its verdict; the cloud's
     recovered or bonus token. The fixed-width parts come first, aligned; the tokens last, so a long
     block runs on rather than breaking the columns. Print with `soft_wrap=True` (see print_trace)."""
-    label = _UNCERTAINTY_LABEL[cfg.uncertainty]
-    thr = format_threshold(cfg.threshold)
     gates, verdicts = [], []
     for e in events:
-        over = e.uncertainty > cfg.threshold
-        gates.append((f"{label} {e.uncertainty:.2f} {'>' if over else '≤'} {thr}", "red" if over else "green"))
+        label, score, limit = gate_of(e, cfg)
+        over = score > limit
+        gates.append((f"{label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}", "red" if over else "green"))
         verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
                         else ("kept on the edge", "green"))
     width_g = max((len(g) for g, _ in gates), default=0)
     width_v = max((len(v) for v, _ in verdicts), default=0)
-    out = [Text(f"trace · escalate when {label} > {thr} · k {cfg.k} · verify {cfg.verify} · "
-                f"draft tokens: entropy ({UNIT}) and {ACCEPTED} accepted {REJECTED} rejected {DISCARDED} discarded "
+    scores = f"entropy ({UNIT})" + (" / meaning score" if any(e.meaning is not None for e in events) else "")
+    out = [Text(f"trace · escalate when {gate_rule(cfg)} · k {cfg.k} · verify {cfg.verify} · "
+                f"draft tokens: {scores} and {ACCEPTED} accepted {REJECTED} rejected {DISCARDED} discarded "
                 f"{UNVERIFIED} unverified", style="bold")]
     for e, (gate, g_style), (verdict, v_style) in zip(events, gates, verdicts, strict=True):
         line = Text(f"{e.index + 1:>3}  ", style="dim")
         line.append(gate.ljust(width_g), style=g_style).append("  ")
         line.append(verdict.ljust(width_v), style=v_style).append("  │ ", style="dim")
         budget = token_budget(cfg, len(e.draft))
-        for n, (tok, h, (mark, style)) in enumerate(zip(e.draft, e.entropies, marks(e), strict=True)):
+        meaning = e.meaning if e.meaning is not None else [None] * len(e.draft)
+        meaning_budget = token_budget(cfg, len(e.draft), e.limit)
+        for n, (tok, h, m, (mark, style)) in enumerate(zip(e.draft, e.entropies, meaning, marks(e), strict=True)):
             line.append("  " if n else "")
             line.append(token_text(tokenizer, tok), style="bold")
             line.append(f" {h:.2f}", style=entropy_style(h, budget))
+            if m is not None:  # the meaning gate's per-token score beside the entropy
+                line.append(f"/{m:.2f}", style=entropy_style(m, meaning_budget))
             line.append(mark, style=style)
         if e.correction is not None:
             line.append(f"  + {token_text(tokenizer, e.correction)} ({e.correction_kind})", style="bold magenta")
@@ -260,6 +293,13 @@ def summary_panel(record: dict[str, Any]) -> Panel:
     grid.add_row("mode", mode)
     if record["mode"] == "spec":
         grid.add_row("threshold · k · verify", f"{record['threshold']} · {record['k']} · {record['verify']}")
+        settings = record.get("settings") or {}
+        if record["verify"] == "meaning":
+            gate = (f"upload {settings.get('gate_upload')} · verify {settings.get('gate_verify')}"
+                    if settings.get("gate") else "none fitted for this pair: the entropy gate")
+            grid.add_row("meaning gate", gate)
+    if record.get("cloud_free") and record["mode"] == "spec":
+        grid.add_row("cloud", Text("never reached: every block stayed on the edge", style="green"))
     grid.add_row("tokens", _fmt(record.get("tokens")))
     grid.add_row("cloud calls", f"{_fmt(record.get('cloud_calls'))} ({_fmt(record.get('cloud_call_rate'), '.2f')} per token)")
     if record["mode"] == "spec":
@@ -327,6 +367,23 @@ class LinkTally:
                 f"{self.wait_s:.2f} s waiting on the cloud")
 
 
+class CloudFreeTally:
+    """How many of a batch's speculative clips never reached the cloud (records' `cloud_free`),
+    for in-process runs (a remote run's link line says it as clips that sent nothing)."""
+
+    def __init__(self) -> None:
+        self.clips = self.free = 0
+
+    def add(self, record: dict) -> None:
+        if record.get("error") is not None or record.get("mode") != "spec" or "cloud_free" not in record:
+            return
+        self.clips += 1
+        self.free += bool(record["cloud_free"])
+
+    def line(self) -> str:
+        return f"no cloud: {self.free} of {self.clips} clips never reached the cloud ({self.free / self.clips:.0%})"
+
+
 def _size(n: int) -> str:
     for unit in ("B", "kB", "MB"):
         if n < 1000 or unit == "MB":
@@ -351,12 +408,21 @@ def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
             value = p.values.get(key)
             cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
         table.add_row(name, *cells, _source(p, base.get(name)))
-        extra = ", ".join(f"{key} = {p.values[key]!r}" for key in EXTRA_KEYS if key in p.values)
+        extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
         if p.description or extra:
             notes.append(f"{name}", style="bold").append(f": {' · '.join(filter(None, (p.description, extra)))}\n",
                                                           style="dim")
     notes.rstrip()
     return Group(table, notes) if notes else Group(table)
+
+
+def gate_line(gate: Any, source: str) -> Text:
+    """What `specdec presets` says about the meaning gate the verify = "meaning" presets read."""
+    task = "the default task" if gate.instruction == DEFAULT_INSTRUCTION else f"the instruction {gate.instruction!r}"
+    text = Text("meaning gate", style="bold")
+    return text.append(f": [gate] from {source} · {len(gate.weights)} token weights (others {gate.default:g}) · "
+                       f"fitted on {task}, tokenizer {gate.tokenizer or 'not recorded'}; another task or tokenizer "
+                       "uses the entropy gate (threshold)", style="dim")
 
 
 def _source(preset: Preset, base: Preset | None) -> str:
