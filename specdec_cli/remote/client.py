@@ -19,7 +19,10 @@ cannot use (CloudAnswerError); it fails that clip, and never becomes a descripti
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -43,6 +46,12 @@ from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, re
 TOKEN_ENV = "SPECDEC_TOKEN"
 RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
 ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
+# Requests sent without waiting (a session's close): each bounded in time, and at most this many
+# unanswered at once; past that one is not sent (the server's session TTL ends what it would have).
+BACKGROUND_S = 5.0
+BACKGROUND_MAX = 8
+
+log = logging.getLogger("specdec.client")
 
 
 def check_url(url: str) -> str:
@@ -125,6 +134,8 @@ class RemoteClient:
         # After a request gave up on an unreachable server, the next ones try once and report at
         # once (a batch over a dead server must not wait retry_s per clip), until one gets through.
         self._down = False
+        self._background: set[concurrent.futures.Future] = set()  # requests sent without waiting
+        self._background_lock = threading.Lock()  # done-callbacks run on the exchange's thread
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -147,7 +158,44 @@ class RemoteClient:
         return str(self.info.get("fingerprint", ""))
 
     def close(self) -> None:
+        self.settle()
         self.exchange.close()
+
+    def settle(self, timeout_s: float = BACKGROUND_S) -> None:
+        """Wait (at most `timeout_s`) for the requests sent without waiting to be answered."""
+        with self._background_lock:
+            pending = list(self._background)
+        concurrent.futures.wait(pending, timeout=timeout_s)
+
+    def send_later(self, method: str, path: str, link: LinkStats) -> bool:
+        """Send a request whose answer nobody waits for (a session's close): no round trip is spent
+        on it, its bytes up are counted in `link`, a failure is logged, never raised (a closed
+        session the server did not hear of ends at its TTL). False when not sent: the server is
+        down, or too many such requests are still unanswered."""
+        with self._background_lock:
+            if self._down or len(self._background) >= BACKGROUND_MAX:
+                return False
+            request = self.exchange.request(method, path, b"", None)
+            future = self.exchange.send_later(request, answers.HEALTH_CAP, min(BACKGROUND_S, self.timeout_s))
+            self._background.add(future)
+        link.uplink_bytes += _request_bytes(request, b"")
+        future.add_done_callback(lambda f: self._answered(f, method, path))
+        return True
+
+    def _answered(self, future: concurrent.futures.Future, method: str, path: str) -> None:
+        with self._background_lock:
+            self._background.discard(future)
+        if future.cancelled():
+            return
+        failure = future.exception()
+        if failure is not None:
+            why = wire.first_line(failure)
+        else:
+            answer = future.result()
+            if answer.status < 400 or answer.status == 404:  # 404: the session had ended already
+                return
+            why = f"{answer.status} {_error_text(answer)}"
+        log.warning("%s %s%s (not waited for) failed: %s", method, self.url, path, why)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -356,14 +404,13 @@ class RemoteCloud:
         self.held = min(self.held, length)
 
     def close(self) -> None:
-        """End the session on the server (the clip is done). A lost session needs no closing."""
+        """End the session on the server (the clip is done), without waiting for the answer: the
+        description is complete, and a close the server misses ends at its session TTL. A session
+        the last verdict ended, or one lost, needs no closing."""
         if self.session is None:
             return
         sid, self.session = self.session, None
-        try:
-            self.client.call("DELETE", f"/v1/sessions/{sid}", None, None, self.link)
-        except (CloudUnreachable, CloudError, SessionLost):
-            pass  # the server's TTL ends it; the description is already complete
+        self.client.send_later("DELETE", f"/v1/sessions/{sid}", self.link)
 
 
 def _error_body(answer: Answer) -> dict[str, Any]:
