@@ -20,11 +20,13 @@ cannot use (CloudAnswerError); it fails that clip, and never becomes a descripti
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +41,7 @@ from ..decoding.config import DecodingConfig
 from ..decoding.drafter import Proposal
 from ..decoding.loop import DecodeResult, DecodeStats
 from ..decoding.processors import DecodingRules
+from ..decoding.verifier import completed
 from ..errors import InputError, SpecdecError
 from . import answers, wire
 from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, retry_after
@@ -135,6 +138,10 @@ class RemoteClient:
         # once (a batch over a dead server must not wait retry_s per clip), until one gets through.
         self._down = False
         self._background: set[concurrent.futures.Future] = set()  # requests sent without waiting
+        # Pipelining: a clip's verification runs on one worker thread while the edge drafts ahead
+        # (decoding/loop.py); False: each verification blocks the loop, as before issue 28.
+        self.pipelined = True
+        self._worker: ThreadPoolExecutor | None = None
         self._background_lock = threading.Lock()  # done-callbacks run on the exchange's thread
 
     # -- identity ---------------------------------------------------------------------------------
@@ -158,8 +165,18 @@ class RemoteClient:
         return str(self.info.get("fingerprint", ""))
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)  # each request has its deadline: this ends
+            self._worker = None
         self.settle()
         self.exchange.close()
+
+    def worker(self) -> ThreadPoolExecutor:
+        """The one thread verifications run on while the loop drafts ahead (one at a time: a clip
+        has at most one verdict in flight, and the loop awaits it before the next)."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-verify")
+        return self._worker
 
     def settle(self, timeout_s: float = BACKGROUND_S) -> None:
         """Wait (at most `timeout_s`) for the requests sent without waiting to be answered."""
@@ -350,6 +367,14 @@ class RemoteCloud:
 
     def verify(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
                generator: torch.Generator | None, acceptance: Any = None) -> tuple[Verdict, int]:
+        return self.submit(sequence, proposal, rules, generator, acceptance).result()
+
+    def submit(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+               generator: torch.Generator | None, acceptance: Any = None) -> Future[tuple[Verdict, int]]:
+        """The verdict on `proposal` as a future: in flight on the client's verification thread
+        (`RemoteClient.pipelined`), or done before this returns (the blocking client). The random
+        numbers the verdict needs are drawn here, before it returns, in the in-process rule's order.
+        Until the future is done nothing else may touch this cloud (the loop awaits it first)."""
         if acceptance is not None:
             raise NotImplementedError("a custom acceptance rule runs only with an in-process cloud")
         draft = list(proposal.tokens)
@@ -360,6 +385,13 @@ class RemoteCloud:
             u, u_last = sampling_uniforms(len(draft), generator)
             p_draft = [float(proposal.draft_probs[j, t]) for j, t in enumerate(draft)]
             sampling = wire.Sampling(p_draft, u, u_last)
+        work = functools.partial(self._verify, list(sequence), proposal, draft, sampling, u_last)
+        return self.client.worker().submit(work) if self.client.pipelined else completed(work)
+
+    def _verify(self, sequence: list[int], proposal: Proposal, draft: list[int], sampling: wire.Sampling | None,
+                u_last: float) -> tuple[Verdict, int]:
+        """One verification's round trip (several if the session must be rebuilt), its answer
+        checked and counted."""
         for _ in range(self.MAX_REBUILDS + 1):
             request = self._request(sequence, draft, sampling)
             try:

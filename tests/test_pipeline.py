@@ -1,0 +1,165 @@
+"""Drafting ahead while a verdict is in flight (decoding/loop.py, issue 28) changes nothing.
+
+Oracle: the blocking loop (the in-process cloud, whose verdict is done before the loop looks).
+The pipelined loop must give the same tokens, the same blocks (drafts, verdicts, escalations) and
+the same cloud work on every bundled sample and on held-out clips, greedy and with seeded
+sampling: in this process with a cloud whose verdicts look in flight (so the loop drafts ahead
+every time), and through a real `specdec serve` with the pipelined client. Each test also checks
+that drafting ahead really ran, and that both of its outcomes (kept, discarded) happened.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import Future
+
+import pytest
+from remote_helpers import ROOT, Server
+
+from specdec_cli.audio import load_audio
+from specdec_cli.decoding import DecodingConfig, loop
+from specdec_cli.decoding.verifier import LocalCloud
+from specdec_cli.describe import Describer
+from specdec_cli.models import load_pair
+from specdec_cli.presets import resolve
+
+SAMPLES = sorted((ROOT / "samples").glob("*.wav"))
+
+
+def preset(name: str) -> DecodingConfig:
+    return DecodingConfig().with_(**resolve(name, [ROOT / "specdec_cli/demo/models/edge/specdec_presets.toml"]).values)
+
+
+GREEDY = {"quality": preset("quality"), "fluent": preset("fluent"),
+          "always": preset("quality").with_(verify="always")}
+SAMPLED = [preset("quality").with_(sample=True, seed=seed, **warp)
+           for seed, warp in enumerate([{}, {"top_k": 5}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.3}])]
+
+
+class InFlight(Future):
+    """A verdict computed at submit (so the generator's draws happen where the blocking loop's do)
+    that says it is not done until it is read: the loop drafts ahead every time."""
+
+    def done(self) -> bool:
+        return False
+
+
+class SlowCloud(LocalCloud):
+    def submit(self, *args, **kwargs):
+        future = InFlight()
+        future.set_result(self.verify(*args, **kwargs))
+        return future
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair()
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory):
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (`make test` installs it)")
+    from specdec_cli.demo.heldout import write_heldout
+
+    out = tmp_path_factory.mktemp("heldout")
+    write_heldout(out, 6, start=500)
+    return sorted(out.glob("*.wav"))
+
+
+@pytest.fixture
+def ahead_counts(monkeypatch):
+    """How often the loop drafted a block ahead, and how often it discarded one."""
+    counts = {"drafted": 0, "discarded": 0}
+    draft_ahead, discard = loop.draft_ahead, loop.Ahead.discard
+
+    def counting_draft(*args, **kwargs):
+        got = draft_ahead(*args, **kwargs)
+        counts["drafted"] += got is not None
+        return got
+
+    def counting_discard(self, *args, **kwargs):
+        counts["discarded"] += 1
+        return discard(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "draft_ahead", counting_draft)
+    monkeypatch.setattr(loop.Ahead, "discard", counting_discard)
+    return counts
+
+
+def blocks(result) -> list[tuple]:
+    return [(e.draft, e.escalated, e.accepted, e.correction, e.correction_kind, e.cloud_tokens,
+             e.cloud_prefill_tokens, e.answer) for e in result.events]
+
+
+def cloud_work(result) -> tuple:
+    s = result.stats
+    return s.cloud_calls, s.cloud_tokens, s.cloud_prefill_tokens, s.cloud_work_forwards
+
+
+def decode(pair, audio, cfg, cloud):
+    inputs = Describer(pair).inputs(audio, cfg)
+    return loop.speculative_decode(pair.edge, cloud, inputs, cfg, pair.masks, pair.eos_ids)
+
+
+def check_in_process(pair, paths, cfgs):
+    for path in paths:
+        audio = load_audio(path, 16000, 30.0)
+        for cfg in cfgs:
+            blocking = decode(pair, audio, cfg, pair.cloud)
+            pipelined = decode(pair, audio, cfg, SlowCloud(pair.cloud))
+            assert pipelined.tokens == blocking.tokens, (path.name, cfg)
+            assert blocks(pipelined) == blocks(blocking), (path.name, cfg)
+            assert cloud_work(pipelined) == cloud_work(blocking), (path.name, cfg)
+
+
+def test_drafting_ahead_in_process_changes_nothing_greedy_on_every_sample(pair, ahead_counts):
+    check_in_process(pair, SAMPLES, GREEDY.values())
+    assert ahead_counts["drafted"] > 20 and 0 < ahead_counts["discarded"] < ahead_counts["drafted"]
+
+
+def test_drafting_ahead_in_process_changes_nothing_sampled(pair, ahead_counts):
+    check_in_process(pair, SAMPLES[:4], SAMPLED)
+    assert ahead_counts["drafted"] > 10 and 0 < ahead_counts["discarded"] < ahead_counts["drafted"]
+
+
+def test_drafting_ahead_in_process_changes_nothing_on_heldout_clips(pair, heldout, ahead_counts):
+    check_in_process(pair, heldout, [*GREEDY.values(), SAMPLED[0]])
+    assert ahead_counts["drafted"] > 0
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def remote(server):
+    describer = Describer(load_pair(None, server.url))
+    yield describer
+    describer.pair.remote.close()
+
+
+def test_the_pipelined_client_gives_the_blocking_clients_tokens_through_a_server(pair, remote, ahead_counts):
+    """Through a real server: pipelined == blocking client == in process, greedy and sampled."""
+    local = Describer(pair)
+    client = remote.pair.remote
+    assert client.pipelined
+    for path in SAMPLES:
+        audio = load_audio(path, 16000, 30.0)
+        for cfg in [*GREEDY.values(), *(SAMPLED if path in SAMPLES[:3] else [])]:
+            here = local.run(audio, cfg)
+            try:
+                client.pipelined = False
+                blocking = remote.run(audio, cfg)
+            finally:
+                client.pipelined = True
+            pipelined = remote.run(audio, cfg)
+            assert blocking.result.tokens == here.result.tokens, (path.name, cfg)
+            assert pipelined.result.tokens == here.result.tokens, (path.name, cfg)
+            assert blocks(pipelined.result) == blocks(here.result), (path.name, cfg)
+            assert cloud_work(pipelined.result) == cloud_work(here.result), (path.name, cfg)
+            assert pipelined.link.round_trips == blocking.link.round_trips == here.result.stats.escalations
+    # A verification on loopback takes milliseconds: the edge drafted ahead for most of them.
+    assert ahead_counts["drafted"] > 20 and ahead_counts["discarded"] > 0
