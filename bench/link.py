@@ -12,7 +12,8 @@ trip costs D more, whatever its size, and nothing in the client sleeps. Over the
 * through the proxy: cloud-only (one round trip), fluent and quality, with the blocking client
   and, where this specdec has one, the pipelined client (`RemoteClient.pipelined`).
 
-It reports seconds and round trips per clip and whether every clip's tokens equal the in-process
+It reports the median seconds per clip (and the mean), round trips per clip and whether every
+clip's tokens equal the in-process
 run's. Three pairs: `demo` (the bundled pair), `self` (the bundled cloud as the edge too: every
 greedy draft is accepted) and `noised` (the cloud's weights plus Gaussian noise of
 `--noise` x each tensor's standard deviation as the edge: an acceptance in between), written to
@@ -149,7 +150,7 @@ def set_variant(client: Any, variant: str) -> None:
         client.pipelined = variant == "pipelined"
 
 
-def bench_pair(name: str, edge: Path, cloud: Path, audios: list, delays: list[float]) -> dict[str, Any]:
+def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int) -> dict[str, Any]:
     from specdec_cli.describe import Describer
     from specdec_cli.models import load_pair
     from specdec_cli.remote.local_server import LocalServer
@@ -162,7 +163,8 @@ def bench_pair(name: str, edge: Path, cloud: Path, audios: list, delays: list[fl
                            "cloud": str(cloud.relative_to(REPO)), "in_process": {}, "remote": {}}
     for m, runs in here.items():
         stats = [r.result.stats for r in runs]
-        out["in_process"][m] = {"s_per_clip": statistics.fmean(r.latency_s for r in runs),
+        out["in_process"][m] = {"s_per_clip": statistics.median(r.latency_s for r in runs),
+                                "mean_s_per_clip": statistics.fmean(r.latency_s for r in runs),
                                 "escalations": statistics.fmean(s.escalations for s in stats),
                                 "acceptance": _acceptance(stats)}
     with LocalServer("--cloud", str(cloud)) as server:
@@ -171,19 +173,25 @@ def bench_pair(name: str, edge: Path, cloud: Path, audios: list, delays: list[fl
             try:
                 remote = Describer(load_pair(str(edge), proxy.url))
                 client = remote.pair.remote
+                keys = [("cloud", "blocking")] + [(m, v) for m in ("fluent", "quality") for v in variants(client)]
+                for m, v in keys:  # warm-up: connection, server caches
+                    set_variant(client, v)
+                    remote.run(audios[0], cfgs[m])
+                got: dict[tuple[str, str], list] = {key: [] for key in keys}
+                # Clip by clip, every mode and client back to back, so that a load spike hits all.
+                for _ in range(repeats):
+                    for i, audio in enumerate(audios):
+                        for m, v in keys:
+                            set_variant(client, v)
+                            got[m, v].append((i, remote.run(audio, cfgs[m])))
                 row: dict[str, Any] = {}
-                for variant in variants(client):
-                    set_variant(client, variant)
-                    for m in ("cloud", "fluent", "quality"):
-                        if m == "cloud" and variant != "blocking":
-                            continue  # one request per clip: nothing to pipeline
-                        remote.run(audios[0], cfgs[m])  # warm-up: connection, server caches
-                        runs = [remote.run(a, cfgs[m]) for a in audios]
-                        same = sum(r.result.tokens == h.result.tokens for r, h in zip(runs, here[m], strict=True))
-                        row[m if m == "cloud" else f"{m}/{variant}"] = {
-                            "s_per_clip": statistics.fmean(r.latency_s for r in runs),
-                            "round_trips": statistics.fmean(r.link.round_trips for r in runs),
-                            "same_tokens": f"{same}/{len(runs)}"}
+                for (m, v), runs in got.items():
+                    same = sum(r.result.tokens == here[m][i].result.tokens for i, r in runs)
+                    times = [r.latency_s for _, r in runs]
+                    row[m if m == "cloud" else f"{m}/{v}"] = {
+                        "s_per_clip": statistics.median(times), "mean_s_per_clip": statistics.fmean(times),
+                        "round_trips": statistics.fmean(r.link.round_trips for _, r in runs),
+                        "same_tokens": f"{same}/{len(runs)}"}
                 client.close()
                 out["remote"][f"{d:g}ms"] = row
             finally:
@@ -205,6 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--pairs", default="demo,self,noised")
     ap.add_argument("--noise", type=float, default=0.4, help="the noised edge: noise std / tensor std")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the clips per delay")
     ap.add_argument("--proxy-to", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples = sorted((REPO / "samples").glob("*.wav"))[: 3 if args.quick else None]
     audios = [load_audio(p, 16000, 30.0) for p in samples]
     cloud = DEMO / "cloud"
-    out: dict[str, Any] = {"clips": len(samples), "threads": args.threads, "delays_ms": delays,
+    out: dict[str, Any] = {"clips": len(samples), "repeats": args.repeats, "threads": args.threads, "delays_ms": delays,
                            "load_average": list(os.getloadavg()), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                            time.gmtime()),
                            "pairs": {}}
@@ -229,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in args.pairs.split(","):
             if name == "noised":
                 edges[name] = noised_copy(cloud, Path(tmp) / "noised", args.noise)
-            out["pairs"][name] = bench_pair(name, edges[name], cloud, audios, delays)
+            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats)
             print(f"{name}: done", file=sys.stderr, flush=True)
     out["load_average_after"] = list(os.getloadavg())
     text = json.dumps(out, ensure_ascii=False, indent=2)

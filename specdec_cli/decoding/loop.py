@@ -26,6 +26,7 @@ an in-flight verdict is awaited (`in_flight.result()`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from transformers import PreTrainedModel
 
 from .acceptance import Verdict, first_argmax
 from .config import DecodingConfig
-from .drafter import Proposal, propose
+from .drafter import Drafting, Proposal, propose
 from .gate import GateReading, MeaningGate, active, read
 from .processors import DecodingRules, VocabMasks
 from .state import ModelState
@@ -234,7 +235,7 @@ def speculative_decode(
             prefilled = cloud.prefill_tokens
             in_flight = cloud.submit(sequence, proposal, rules, generator, acceptance)
             if not in_flight.done():
-                ahead = draft_ahead(edge, sequence, proposal, cfg, rules, generator, meaning)
+                ahead = draft_ahead(edge, sequence, proposal, in_flight, cfg, rules, generator, meaning)
             verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
             new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
             event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
@@ -291,12 +292,15 @@ class Ahead:
         return None
 
 
-def draft_ahead(edge: ModelState, sequence: list[int], proposal: Proposal, cfg: DecodingConfig,
-                rules: DecodingRules, generator: torch.Generator | None, meaning: MeaningGate | None) -> Ahead | None:
+def draft_ahead(edge: ModelState, sequence: list[int], proposal: Proposal, in_flight: Future[tuple[Verdict, int]],
+                cfg: DecodingConfig, rules: DecodingRules, generator: torch.Generator | None,
+                meaning: MeaningGate | None) -> Ahead | None:
     """The next block as the blocking loop would draft it if the verdict on `proposal` keeps the
     whole draft and its bonus token is the edge's choice there (greedy even when sampling: the
     guess draws nothing). None when there is no next block on that assumption (the draft or the
-    guess ends the clip).
+    guess ends the clip), or when the verdict arrived while drafting and broke the assumption (the
+    drafting stops there, the edge and the generator are put back: no time is spent on a block
+    that cannot be used).
 
     The guess needs the edge's logits after the whole draft: one forward of the draft's last
     token, then cut again, so that the block drafted after the guess starts with the same
@@ -312,9 +316,30 @@ def draft_ahead(edge: ModelState, sequence: list[int], proposal: Proposal, cfg: 
     after = assumed + [guess]
     if rules.stops(after):
         return None
-    rng = generator.get_state() if generator is not None else None
-    block = propose(edge, after, next_budget(cfg, rules.prompt_len, after), rules, generator, meaning)
-    return Ahead(after, block, held, rng)
+
+    def overtaken() -> bool:
+        """The verdict is in, and it is not the one assumed."""
+        if not in_flight.done():
+            # Hand the GIL over for a moment: the threads carrying the verdict (the client's
+            # event loop, its verification thread) would otherwise wait up to the interpreter's
+            # switch interval (5 ms) at each of their steps while the edge drafts.
+            time.sleep(0)
+            return False
+        if in_flight.exception() is not None:
+            return True
+        verdict, _ = in_flight.result()
+        return (verdict.accepted, verdict.token) != (len(proposal.tokens), guess)
+
+    ahead = Ahead(after, proposal, held, generator.get_state() if generator is not None else None)
+    # propose()'s steps, with a look at the verdict before each edge forward.
+    drafting = Drafting(after, next_budget(cfg, rules.prompt_len, after), rules, generator, meaning)
+    feed = None if overtaken() else drafting.step(edge.logits_after(after))
+    while feed is not None and not overtaken():
+        feed = drafting.step(edge.advance([feed])[-1])
+    if feed is not None or overtaken():
+        return ahead.discard(edge, generator)
+    ahead.proposal = drafting.proposal()
+    return ahead
 
 
 def new_event(index: int, cfg: DecodingConfig, proposal: Proposal, reason: str, held: bool) -> BlockEvent:
