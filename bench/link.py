@@ -10,7 +10,9 @@ trip costs D more, whatever its size, and nothing in the client sleeps. Over the
 
 * in process (the edge and the cloud here): edge-only (the reference), cloud-only, fluent, quality;
 * through the proxy: cloud-only (one round trip), fluent and quality, with the blocking client
-  and, where this specdec has one, the pipelined client (`RemoteClient.pipelined`).
+  and, where this specdec has them, the pipelined client (`RemoteClient.pipelined`: the edge
+  drafts ahead while a verdict is in flight) with the clip uploaded lazily (at the first
+  verification) and eagerly (`RemoteClient.upload = "eager"`: at the clip's start).
 
 It reports the median seconds per clip (and the mean), round trips per clip and whether every
 clip's tokens equal the in-process
@@ -141,13 +143,22 @@ def modes() -> dict[str, Any]:
 
 
 def variants(client: Any) -> list[str]:
-    """The remote clients this specdec has: blocking always, pipelined where the client offers it."""
-    return ["blocking", "pipelined"] if hasattr(client, "pipelined") else ["blocking"]
+    """The remote clients this specdec has: blocking always; where the client offers them,
+    pipelined (drafting ahead, the clip up at the first verification) and eager (pipelined, the
+    clip up at the clip's start)."""
+    out = ["blocking"]
+    if hasattr(client, "pipelined"):
+        out.append("pipelined")
+    if hasattr(client, "upload"):
+        out.append("eager")
+    return out
 
 
 def set_variant(client: Any, variant: str) -> None:
     if hasattr(client, "pipelined"):
-        client.pipelined = variant == "pipelined"
+        client.pipelined = variant != "blocking"
+    if hasattr(client, "upload"):
+        client.upload = "eager" if variant == "eager" else "lazy"
 
 
 def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int) -> dict[str, Any]:

@@ -187,3 +187,76 @@ def test_the_pipelined_client_gives_the_blocking_clients_tokens_through_a_server
             assert pipelined.link.round_trips == blocking.link.round_trips == here.result.stats.escalations
     # A verification on loopback takes milliseconds: the edge drafted ahead for most of them.
     assert ahead_counts["drafted"] > 20 and ahead_counts["discarded"] > 0 and ahead_counts["kept"] > 0
+
+
+def test_an_eager_upload_changes_no_token_and_no_count_but_its_own_forward(pair, remote, server):
+    """--upload eager: the session opens with the clip at the start (POST /v1/sessions, prefilled
+    in the background). Oracle: the lazy run of the same clip: same tokens, same blocks, the same
+    prefill and cloud work but one forward more (the prefill runs alone), one round trip more
+    (the open); a clip the edge keeps still closes its session; none is left open."""
+    client = remote.pair.remote
+    try:
+        for path in SAMPLES[:5]:
+            audio = load_audio(path, 16000, 30.0)
+            for cfg in [GREEDY["quality"], GREEDY["always"], SAMPLED[1], preset("quality").with_(threshold=1e9)]:
+                client.upload = "lazy"
+                lazy = remote.run(audio, cfg)
+                client.upload = "eager"
+                eager = remote.run(audio, cfg)
+                assert eager.result.tokens == lazy.result.tokens, (path.name, cfg)
+                assert blocks(eager.result) == blocks(lazy.result)
+                e, z = eager.result.stats, lazy.result.stats
+                if z.escalations:
+                    assert (e.cloud_calls, e.cloud_tokens, e.cloud_prefill_tokens) == \
+                           (z.cloud_calls, z.cloud_tokens, z.cloud_prefill_tokens)
+                    assert e.cloud_work_forwards == z.cloud_work_forwards + 1
+                assert eager.link.round_trips == lazy.link.round_trips + 1
+                assert eager.link.uplink_bytes > 20_000  # the clip went up, escalated or not
+    finally:
+        client.upload = "lazy"
+    client.settle()
+    import httpx
+    assert httpx.get(f"{server.url}/health").json()["sessions"] == 0
+
+
+def test_describe_upload_eager_through_the_server_gives_the_lazy_description(server):
+    """The CLI flag reaches the client: --upload eager spends one more round trip (the open) and
+    describes the clip as --upload lazy does; a bad choice is one line, exit 2."""
+    import json
+    import os
+    import subprocess
+
+    from remote_helpers import SPECDEC
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([SPECDEC, "--threads", "1", *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+
+    sample = str(SAMPLES[0])
+    common = ("describe", sample, "--preset", "quality", "--json", "--cloud", server.url)
+    lazy = json.loads(run(*common).stdout)
+    eager = json.loads(run(*common, "--upload", "eager").stdout)
+    assert eager["description"] == lazy["description"]
+    assert eager["round_trips"] == lazy["round_trips"] + 1 == lazy["escalations"] + 1
+    bad = run(*common, "--upload", "sometimes")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--upload" in bad.stderr
+
+
+def test_k_for_the_link_only_where_k_is_free(server):
+    """A remote cloud and no --k: verify=always (k changes no token) takes the link's k
+    (block_length.best_k of the measured round trip and edge step); a calibrated preset keeps its
+    k (its threshold was chosen with it); --k wins; an in-process cloud is left alone."""
+    from specdec_cli.decoding.block_length import best_k
+    from specdec_cli.pair import Pair
+
+    remote = Pair(cloud=server.url)
+    client = remote.models.remote
+    try:
+        always = remote.resolve("quality", verify="always")
+        assert always.cfg.k == always.run.k == best_k(client.rtt_s, client.edge_token_s)
+        assert 0 < client.rtt_s < 5 and 0 < client.edge_token_s < 1
+        assert remote.settings("quality").k == 12
+        assert remote.settings("quality", verify="always", k=5).k == 5
+    finally:
+        client.close()
+    assert Pair().settings("quality", verify="always").k == 12

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -53,6 +54,7 @@ ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
 # unanswered at once; past that one is not sent (the server's session TTL ends what it would have).
 BACKGROUND_S = 5.0
 BACKGROUND_MAX = 8
+UPLOADS = ("eager", "lazy", "auto")  # --upload: when a clip goes up (RemoteClient.upload)
 
 log = logging.getLogger("specdec.client")
 
@@ -142,6 +144,18 @@ class RemoteClient:
         # (decoding/loop.py); False: each verification blocks the loop, as before issue 28.
         self.pipelined = True
         self._worker: ThreadPoolExecutor | None = None
+        self._block_k: int | None = None  # block_k(), once measured
+        self.rtt_s = self.edge_token_s = 0.0
+        # When a clip goes up: "lazy" at its first verification (a clip the edge keeps sends
+        # nothing); "eager" at its start, in the background (`POST /v1/sessions`: the server
+        # prefills while the edge drafts); "auto" decides per clip from this run's clips so far
+        # (`eager_for`). Lazy is the default: docs/pipelining.md has the measurement.
+        self.upload = "lazy"
+        self.clips = self.clips_verified = 0
+        # The last clips': per escalated clip, its start to its first verification; per clip
+        # uploaded, the request that carried the clip, sent to answered.
+        self.lead_s: deque[float] = deque(maxlen=32)
+        self.upload_s: deque[float] = deque(maxlen=32)
         self._background_lock = threading.Lock()  # done-callbacks run on the exchange's thread
 
     # -- identity ---------------------------------------------------------------------------------
@@ -163,6 +177,24 @@ class RemoteClient:
     @property
     def fingerprint(self) -> str:
         return str(self.info.get("fingerprint", ""))
+
+    def block_k(self, edge: Any) -> int:
+        """The block length for this link (decoding/block_length.py), measured once per run: the
+        round trip (median of three GET /health), the edge's time per token (median of five
+        one-token steps of `edge` on a short text prompt). The cloud's forward is not known here
+        and counts as 0 (its share of the wait is the round trip's server time)."""
+        if self._block_k is None:
+            from ..decoding.block_length import best_k
+
+            trips = []
+            for _ in range(3):
+                started = time.perf_counter()
+                self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP)
+                trips.append(time.perf_counter() - started)
+            self.rtt_s = sorted(trips)[1]
+            self.edge_token_s = edge_token_time(edge)
+            self._block_k = best_k(self.rtt_s, self.edge_token_s)
+        return self._block_k
 
     def close(self) -> None:
         if self._worker is not None:
@@ -307,8 +339,24 @@ class RemoteClient:
     # -- per clip ---------------------------------------------------------------------------------
 
     def clip(self, audio: np.ndarray, cfg: DecodingConfig) -> RemoteCloud:
-        """The cloud for one clip (a session opened at its first verification, if any)."""
-        return RemoteCloud(self, audio, cfg)
+        """The cloud for one clip (a session opened at its start with --upload eager, else at its
+        first verification, if any)."""
+        return RemoteCloud(self, audio, cfg, self.eager_for(cfg))
+
+    def eager_for(self, cfg: DecodingConfig) -> bool:
+        """Whether this clip goes up at its start. "auto": eager only when it pays on this run's
+        clips so far — most of them escalated, and the edge reached the first escalation later than
+        the request carrying the clip took (upload, features, prefill, round trip), so that an
+        eager upload is answered before the first verification needs the session. Otherwise (the
+        first clips, a cloud never consulted, a fast edge) lazy: the first verification would
+        only wait behind the open."""
+        if self.upload != "auto":
+            return self.upload == "eager"
+        if cfg.verify != "always" and cfg.threshold == float("inf"):
+            return False
+        if not self.lead_s or not self.upload_s or 2 * self.clips_verified < self.clips:
+            return False
+        return sum(self.lead_s) / len(self.lead_s) > sum(self.upload_s) / len(self.upload_s)
 
     def generate(self, audio: np.ndarray, inputs: Mapping[str, torch.Tensor], cfg: DecodingConfig,
                  pad_id: int | None) -> tuple[DecodeResult, LinkStats]:
@@ -323,6 +371,21 @@ class RemoteClient:
             if name in ("cloud_calls", "cloud_tokens", "cloud_prefill_tokens", "cloud_work_forwards"):
                 setattr(stats, name, int(value))
         return DecodeResult(list(answer.tokens), stats), link
+
+
+def edge_token_time(model: Any, steps: int = 5) -> float:
+    """Seconds one edge decoding step takes (the median of `steps`, after an 8-token text prompt)."""
+    from ..decoding.state import ModelState
+
+    state = ModelState(model, "probe")
+    ids = torch.arange(100, 108, dtype=torch.long)[None]
+    state.prefill({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    times = []
+    for i in range(steps):
+        started = time.perf_counter()
+        state.advance([110 + i])
+        times.append(time.perf_counter() - started)
+    return sorted(times)[steps // 2]
 
 
 class SessionLost(SpecdecError):
@@ -343,9 +406,13 @@ class RemoteCloud:
 
     MAX_REBUILDS = 3  # per request: a server that loses the session every time is reported
 
-    def __init__(self, client: RemoteClient, audio: np.ndarray, cfg: DecodingConfig) -> None:
-        self.client, self.audio, self.cfg = client, audio, cfg
+    def __init__(self, client: RemoteClient, audio: np.ndarray, cfg: DecodingConfig, eager: bool = False) -> None:
+        self.client, self.audio, self.cfg, self.eager = client, audio, cfg, eager
         self.link = LinkStats()
+        self._opening: Future[None] | None = None  # the eager upload, on the verification thread
+        self._opened: tuple[int, int] | None = None  # its (prefilled, all_forwards), counted at the first verdict
+        self._verified = False
+        self._started = 0.0
         self.session: str | None = None
         self.held = 0                 # tokens the server's session holds (prompt included)
         self.prompt_ids: list[int] = []
@@ -357,10 +424,39 @@ class RemoteCloud:
         return self.held
 
     def start(self, inputs: Mapping[str, torch.Tensor]) -> None:
-        """Remember the clip's prompt; nothing leaves the device."""
+        """Remember the clip's prompt; nothing leaves the device (lazy), or the clip goes up now in
+        the background and the server prefills it while the edge drafts (eager)."""
         self.inputs = inputs
         self.prompt_ids = inputs["input_ids"][0].tolist()
         self.session, self.held = None, 0
+        self._started = time.perf_counter()
+        if self.eager:
+            self._opening = self.client.worker().submit(self._open)
+
+    def _open(self) -> None:
+        """The eager upload: open the session with the clip, prefilled. A failure is logged and
+        leaves the session unopened: the first verification then opens it lazily, as without."""
+        sent = time.perf_counter()
+        try:
+            opened = self.client.call("POST", "/v1/sessions", wire.OpenRequest(self._clip_message(),
+                                                                                config_dict(self.cfg)),
+                                      wire.Opened, self.link)
+        except (CloudError, CloudUnreachable, InputError) as exc:
+            log.warning("opening a session at %s failed (%s); the clip goes up at its first verification",
+                        self.client.url, wire.first_line(exc))
+            return
+        if opened.held != len(self.prompt_ids) or not opened.session:
+            log.warning("the cloud at %s opened a session holding %d tokens for a %d-token prompt; not used",
+                        self.client.url, opened.held, len(self.prompt_ids))
+            return
+        self.session, self.held = opened.session, opened.held
+        self._opened = (opened.prefilled, opened.all_forwards)
+        self.client.upload_s.append(time.perf_counter() - sent)
+
+    def _clip_message(self) -> wire.Clip:
+        if self._clip is None:
+            self._clip = clip_message(self.audio, self.client.info["rate"], self.inputs)
+        return self._clip
 
     def prefill(self, inputs: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError("a remote cloud starts lazily, at the first verification")
@@ -385,6 +481,9 @@ class RemoteCloud:
             u, u_last = sampling_uniforms(len(draft), generator)
             p_draft = [float(proposal.draft_probs[j, t]) for j, t in enumerate(draft)]
             sampling = wire.Sampling(p_draft, u, u_last)
+        if not self._verified:
+            self.client.lead_s.append(time.perf_counter() - self._started)
+            self._verified = True
         work = functools.partial(self._verify, list(sequence), proposal, draft, sampling, u_last)
         return self.client.worker().submit(work) if self.client.pipelined else completed(work)
 
@@ -392,10 +491,16 @@ class RemoteCloud:
                 u_last: float) -> tuple[Verdict, int]:
         """One verification's round trip (several if the session must be rebuilt), its answer
         checked and counted."""
+        if self._opening is not None:  # the eager upload first (already done on the verification thread)
+            self._opening.result()
+            self._opening = None
         for _ in range(self.MAX_REBUILDS + 1):
             request = self._request(sequence, draft, sampling)
+            sent = time.perf_counter()
             try:
                 answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link)
+                if request.clip is not None:
+                    self.client.upload_s.append(time.perf_counter() - sent)
                 break
             except SessionLost:
                 # Evicted, expired or the server restarted: open it again from what we hold.
@@ -410,6 +515,10 @@ class RemoteCloud:
                                                                                  answer.target_row, vocab)
         # A verdict that ends the clip closed the session on the server: nothing left to close.
         self.session, self.held = (None if answer.ended else answer.session), answer.held
+        if self._opened is not None:  # the eager prefill, counted with the clip's first verdict
+            self.prefill_tokens += self._opened[0]
+            self.all_forwards += self._opened[1]
+            self._opened = None
         self.prefill_tokens += answer.prefilled
         self.tokens_fed += answer.fed
         self.forwards += answer.forwards
@@ -422,11 +531,9 @@ class RemoteCloud:
 
     def _request(self, sequence: list[int], draft: list[int], sampling: wire.Sampling | None) -> wire.VerifyRequest:
         if self.session is None:
-            if self._clip is None:
-                self._clip = clip_message(self.audio, self.client.info["rate"], self.inputs)
             p = len(self.prompt_ids)
             assert sequence[:p] == self.prompt_ids, "the sequence must start with the clip's prompt"
-            return wire.VerifyRequest(draft, clip=self._clip, config=config_dict(self.cfg),
+            return wire.VerifyRequest(draft, clip=self._clip_message(), config=config_dict(self.cfg),
                                       pending=sequence[p:], sampling=sampling)
         return wire.VerifyRequest(draft, session=self.session, held=self.held, pending=sequence[self.held:],
                                   sampling=sampling)
@@ -438,7 +545,14 @@ class RemoteCloud:
     def close(self) -> None:
         """End the session on the server (the clip is done), without waiting for the answer: the
         description is complete, and a close the server misses ends at its session TTL. A session
-        the last verdict ended, or one lost, needs no closing."""
+        the last verdict ended, or one lost, needs no closing. An eager upload still in flight (a
+        clip that never escalated) is waited for first, so that its session is closed and the
+        clip's link counts are complete: eager's price on a clip the edge kept."""
+        self.client.clips += 1
+        self.client.clips_verified += self._verified
+        if self._opening is not None:
+            self._opening.result()  # never raises: _open logs its failures; bounded by the request deadline
+            self._opening = None
         if self.session is None:
             return
         sid, self.session = self.session, None
