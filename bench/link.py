@@ -161,6 +161,33 @@ def set_variant(client: Any, variant: str) -> None:
         client.upload = "eager" if variant == "eager" else "lazy"
 
 
+AHEAD = {"drafted": 0, "kept": 0}  # blocks drafted ahead (came back whole) and kept, this process
+
+
+def count_ahead() -> None:
+    """Count the loop's blocks drafted ahead and kept (where this specdec drafts ahead)."""
+    from specdec_cli.decoding import loop
+
+    if not hasattr(loop, "draft_ahead") or getattr(loop.draft_ahead, "counted", False):
+        return
+    draft_ahead, discard = loop.draft_ahead, loop.Ahead.discard
+
+    def counting_draft(*args: Any, **kwargs: Any) -> Any:
+        got = draft_ahead(*args, **kwargs)
+        if got is not None:
+            AHEAD["drafted"] += 1
+            AHEAD["kept"] += 1
+            got.counted = True
+        return got
+
+    def counting_discard(self: Any, *args: Any, **kwargs: Any) -> Any:
+        AHEAD["kept"] -= getattr(self, "counted", False)
+        return discard(self, *args, **kwargs)
+
+    counting_draft.counted = True
+    loop.draft_ahead, loop.Ahead.discard = counting_draft, counting_discard
+
+
 def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int) -> dict[str, Any]:
     from specdec_cli.describe import Describer
     from specdec_cli.models import load_pair
@@ -189,12 +216,16 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
                     set_variant(client, v)
                     remote.run(audios[0], cfgs[m])
                 got: dict[tuple[str, str], list] = {key: [] for key in keys}
+                ahead: dict[tuple[str, str], list[int]] = {key: [0, 0] for key in keys}
                 # Clip by clip, every mode and client back to back, so that a load spike hits all.
                 for _ in range(repeats):
                     for i, audio in enumerate(audios):
                         for m, v in keys:
                             set_variant(client, v)
+                            before = dict(AHEAD)
                             got[m, v].append((i, remote.run(audio, cfgs[m])))
+                            ahead[m, v][0] += AHEAD["drafted"] - before["drafted"]
+                            ahead[m, v][1] += AHEAD["kept"] - before["kept"]
                 row: dict[str, Any] = {}
                 for (m, v), runs in got.items():
                     same = sum(r.result.tokens == here[m][i].result.tokens for i, r in runs)
@@ -202,7 +233,9 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
                     row[m if m == "cloud" else f"{m}/{v}"] = {
                         "s_per_clip": statistics.median(times), "mean_s_per_clip": statistics.fmean(times),
                         "round_trips": statistics.fmean(r.link.round_trips for _, r in runs),
-                        "same_tokens": f"{same}/{len(runs)}"}
+                        "same_tokens": f"{same}/{len(runs)}",
+                        "ahead_drafted_per_clip": ahead[m, v][0] / len(runs),
+                        "ahead_kept_per_clip": ahead[m, v][1] / len(runs)}
                 client.close()
                 out["remote"][f"{d:g}ms"] = row
             finally:
@@ -236,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from specdec_cli.audio import load_audio
 
     torch.set_num_threads(args.threads)
+    count_ahead()
     delays = [float(x) for x in args.delays.split(",")]
     samples = sorted((REPO / "samples").glob("*.wav"))[: 3 if args.quick else None]
     audios = [load_audio(p, 16000, 30.0) for p in samples]
