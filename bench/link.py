@@ -9,10 +9,11 @@ trip costs D more, whatever its size, and nothing in the client sleeps. Over the
 (`--quick`: the first three) it times, per mode, one clip after the other:
 
 * in process (the edge and the cloud here): edge-only (the reference), cloud-only, fluent, quality;
-* through the proxy: cloud-only (one round trip), fluent and quality, with the blocking client
-  and, where this specdec has them, the pipelined client (`RemoteClient.pipelined`: the edge
-  drafts ahead while a verdict is in flight) with the clip uploaded lazily (at the first
-  verification) and eagerly (`RemoteClient.upload = "eager"`: at the clip's start).
+* through the proxy: cloud-only (one round trip), fluent and quality, with each remote client this
+  specdec has (`variants`): the blocking one of before issue 28 ("legacy"; on a specdec from
+  before it, "blocking"), the blocking one whose session close is not waited for, the pipelined
+  one (`RemoteClient.pipelined`: the edge drafts ahead while a verdict is in flight) and the
+  pipelined one with `RemoteClient.upload = "eager"` (the clip up at the clip's start).
 
 It reports the median seconds per clip (and the mean), round trips per clip and whether every
 clip's tokens equal the in-process
@@ -143,22 +144,38 @@ def modes() -> dict[str, Any]:
 
 
 def variants(client: Any) -> list[str]:
-    """The remote clients this specdec has: blocking always; where the client offers them,
-    pipelined (drafting ahead, the clip up at the first verification) and eager (pipelined, the
-    clip up at the clip's start)."""
-    out = ["blocking"]
-    if hasattr(client, "pipelined"):
-        out.append("pipelined")
-    if hasattr(client, "upload"):
-        out.append("eager")
-    return out
+    """The remote clients this specdec has. Before issue 28 only "blocking" (each verification
+    waited for; the session's close one more round trip). After it: "legacy" (that client,
+    reproduced here: blocking, the close waited for), "blocking" (the close sent without waiting),
+    "pipelined" (the edge drafts ahead while a verdict is in flight; the clip up at the first
+    verification) and "eager" (pipelined, the clip up at the clip's start)."""
+    if not hasattr(client, "pipelined"):
+        return ["blocking"]
+    return ["legacy", "blocking", "pipelined", "eager"]
+
+
+def _waited(client: Any) -> Any:
+    """The session's close as before issue 28: the DELETE sent and its answer waited for."""
+    from specdec_cli.remote.client import CloudError, CloudUnreachable, SessionLost
+
+    def send(method: str, path: str, link: Any) -> bool:
+        try:
+            client.call(method, path, None, None, link)
+        except (CloudUnreachable, CloudError, SessionLost):
+            pass
+        return True
+    return send
 
 
 def set_variant(client: Any, variant: str) -> None:
-    if hasattr(client, "pipelined"):
-        client.pipelined = variant != "blocking"
-    if hasattr(client, "upload"):
-        client.upload = "eager" if variant == "eager" else "lazy"
+    if not hasattr(client, "pipelined"):
+        return
+    if variant == "legacy":
+        client.send_later = _waited(client)
+    else:
+        client.__dict__.pop("send_later", None)
+    client.pipelined = variant in ("pipelined", "eager")
+    client.upload = "eager" if variant == "eager" else "lazy"
 
 
 AHEAD = {"drafted": 0, "kept": 0}  # blocks drafted ahead (came back whole) and kept, this process
@@ -211,7 +228,7 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
             try:
                 remote = Describer(load_pair(str(edge), proxy.url))
                 client = remote.pair.remote
-                keys = [("cloud", "blocking")] + [(m, v) for m in ("fluent", "quality") for v in variants(client)]
+                keys = [("cloud", "-")] + [(m, v) for m in ("fluent", "quality") for v in variants(client)]
                 for m, v in keys:  # warm-up: connection, server caches
                     set_variant(client, v)
                     remote.run(audios[0], cfgs[m])
