@@ -105,6 +105,7 @@ def ahead_counts(monkeypatch):
         counts["kept"] -= getattr(self, "counted", False)
         return discard(self, *args, **kwargs)
 
+    monkeypatch.setattr(loop.AheadPays, "now", lambda self: True)  # draft ahead whatever the timings
     monkeypatch.setattr(loop, "draft_ahead", counting_draft)
     monkeypatch.setattr(loop.Ahead, "discard", counting_discard)
     return counts
@@ -260,3 +261,23 @@ def test_k_for_the_link_only_where_k_is_free(server):
     finally:
         client.close()
     assert Pair().settings("quality", verify="always").k == 12
+
+
+def test_drafting_ahead_pays_only_while_verdicts_take_longer_than_drafting():
+    """The timing policy (tokens never depend on it): the first time yes; then only while the
+    last verdict took longer than the last block took to draft."""
+    import time
+
+    pays = loop.AheadPays()
+    assert pays.now()
+    with pays.drafting():
+        time.sleep(0.02)
+    done = Future()
+    pays.watch(done)
+    done.set_result(None)  # a verdict back at once: drafting ahead would only hold the loop up
+    assert not pays.now()
+    slow = Future()
+    pays.watch(slow)
+    time.sleep(0.05)
+    slow.set_result(None)
+    assert pays.now()

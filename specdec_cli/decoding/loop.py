@@ -26,8 +26,9 @@ an in-flight verdict is awaited (`in_flight.result()`).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -212,13 +213,15 @@ def speculative_decode(
 
     done = False
     ahead: Ahead | None = None         # the next block, drafted while the last verdict was in flight
+    pays = AheadPays()
     while not done:
         # 2. Draft up to k tokens, never past max_new_tokens (or take the block drafted ahead: it
         #    was drafted after this very sequence).
         if ahead is not None:
             proposal, ahead = ahead.proposal, None
         else:
-            proposal = propose(edge, sequence, next_budget(cfg, prompt_len, sequence), rules, generator, meaning)
+            with pays.drafting():
+                proposal = propose(edge, sequence, next_budget(cfg, prompt_len, sequence), rules, generator, meaning)
         answer = sequence[prompt_len:]
 
         # 3. Gate.
@@ -233,8 +236,8 @@ def speculative_decode(
             #    rejection), then the rule: greedy match, or rejection sampling with the generator.
             #    While the verdict is in flight, the edge drafts the next block ahead.
             prefilled = cloud.prefill_tokens
-            in_flight = cloud.submit(sequence, proposal, rules, generator, acceptance)
-            if not in_flight.done():
+            in_flight = pays.watch(cloud.submit(sequence, proposal, rules, generator, acceptance))
+            if not in_flight.done() and pays.now():
                 ahead = draft_ahead(edge, sequence, proposal, in_flight, cfg, rules, generator, meaning)
             verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
             new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
@@ -264,6 +267,31 @@ def speculative_decode(
     stats.tokens = len(sequence) - prompt_len
     count_work(stats, edge, cloud)
     return DecodeResult(sequence[prompt_len:], stats, events)
+
+
+class AheadPays:
+    """Whether drafting ahead is worth starting: only while the clip's last verdict took longer
+    than the edge's last block took to draft (the first time: yes). On a fast link with a slow
+    edge, drafting ahead would only hold up the loop, and take the CPU from a cloud on the same
+    machine; tokens are the same either way, this decides time only."""
+
+    def __init__(self) -> None:
+        self.draft_s = 0.0                    # the last block drafted in line, start to end
+        self.verdict_s = float("inf")         # the last verdict, submitted to done
+
+    @contextlib.contextmanager
+    def drafting(self) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.draft_s = time.perf_counter() - started
+
+    def watch(self, in_flight: Future) -> Future:
+        started = time.perf_counter()
+        in_flight.add_done_callback(lambda _f: setattr(self, "verdict_s", time.perf_counter() - started))
+        return in_flight
+
+    def now(self) -> bool:
+        return self.verdict_s > self.draft_s
 
 
 def next_budget(cfg: DecodingConfig, prompt_len: int, sequence: list[int]) -> int:
