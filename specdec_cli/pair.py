@@ -93,6 +93,8 @@ class Pair:
         self.models: ModelPair = load_pair(spec.edge, spec.cloud, spec.device, spec.dtype,
                                            edge_device=spec.edge_device, cloud_device=spec.cloud_device,
                                            cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout)
+        if self.models.remote is not None:
+            self.models.remote.upload = spec.upload
         one_thread_if_tiny(self.models)
         self.models.gate = self._gate(spec)
         if self.models.gate is None and spec.gate is not None:
@@ -125,8 +127,26 @@ class Pair:
         the settings they carry (defaults < presets files < preset < `settings`)."""
         key = (preset, rtt_ms, tuple(sorted(settings.items())))
         if key not in self._resolved:
-            self._resolved[key] = self.spec.settings(preset, explicit(**settings), rtt_ms)
+            given = explicit(**settings)
+            self._resolved[key] = self.for_link(self.spec.settings(preset, given, rtt_ms), preset, given)
         return self._resolved[key]
+
+    def for_link(self, settings: Settings, preset: str, given: dict[str, Any]) -> Settings:
+        """With a remote cloud and no k given: the block length for this link (decoding/block_length.py),
+        where k is free — verify=always (k changes no token), or a preset that does not set k. A
+        calibrated preset keeps its k: its threshold is on the block's uncertainty and was chosen with it."""
+        from dataclasses import replace
+
+        from .presets import resolve as preset_named
+
+        cfg = settings.cfg
+        remote = self.models.remote
+        if remote is None or "k" in given or cfg.mode != "spec":
+            return settings
+        if cfg.verify != "always" and "k" in preset_named(preset, list(self.spec.presets_files)).values:
+            return settings
+        k = remote.block_k(self.models.edge)
+        return replace(settings, cfg=cfg.with_(k=k), run=replace(settings.run, k=k))
 
     def settings(self, preset: str = "fluent", **settings: Any) -> DecodingConfig:
         """The decoding config a call with these arguments uses (defaults < preset < `settings`,

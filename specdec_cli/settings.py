@@ -228,11 +228,12 @@ class PairSpec:
     # decode with the driver's gate without re-reading a file their node may lack. Whether it fits
     # the tokenizer is checked when the pair loads (pair.Pair). A gate.MeaningGate, or None.
     gate: Any = field(default=None, compare=False)
+    upload: str = "lazy"  # when a clip goes up to a remote cloud (remote/client.py UPLOADS)
 
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
            presets: str | Path | None = None, *, edge_device: str | None = None,
-           cloud_device: str | None = None, cloud_timeout: float | None = None) -> PairSpec:
+           cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str = "lazy") -> PairSpec:
         """Check what can be checked without loading (the dtype, the presets file, the model
         folders) and ask a remote cloud who it is (CloudUnreachable, exit 2, when it is down)."""
         dtype_name(dtype)
@@ -240,6 +241,8 @@ class PairSpec:
             from .remote.exchange import cloud_timeout as checked_timeout
 
             checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
+        if upload not in ("eager", "lazy", "auto"):
+            raise InputError(f"--upload {upload} is not a choice; give --upload eager, lazy or auto")
         presets_file = check_presets_file(Path(presets) if presets is not None else None)
         files = tuple(f for f in (presets_file_for(edge), presets_file) if f is not None)
         from .gate_presets import load_gates  # numpy: not on `specdec --help`'s path
@@ -254,7 +257,7 @@ class PairSpec:
             info = client.info
         else:
             check_model(cloud_ref, "cloud")
-        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate)
+        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate, upload)
 
     @property
     def remote(self) -> bool:

@@ -42,7 +42,7 @@ def spec_of(models: Models, presets_file: Path | None) -> PairSpec:
 
     return PairSpec.of(models.edge, models.cloud, models.device, models.dtype, presets_file,
                        edge_device=models.edge_device, cloud_device=models.cloud_device,
-                       cloud_timeout=models.cloud_timeout)
+                       cloud_timeout=models.cloud_timeout, upload=models.upload)
 
 
 def load(spec: PairSpec, err: Any) -> Pair:
@@ -91,6 +91,7 @@ def describe(
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
     pair = load(spec, err)
+    run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
     views = not json_out  # --json: data only; nothing drawn
     show_trace = (err.is_terminal and views) if trace is None else trace
     alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)

@@ -65,6 +65,7 @@ class Models:
     cloud_device: str | None = None
     dtype: str = "float32"
     cloud_timeout: float | None = None  # --cloud-timeout (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
+    upload: str = "lazy"  # --upload: when a clip goes up to a --cloud URL (remote/client.py UPLOADS)
 
 
 MODELS_PARAMS = {
@@ -83,6 +84,11 @@ MODELS_PARAMS = {
     "cloud_timeout": (Annotated[float | None, _opt(
         "--cloud-timeout", metavar="SECONDS", help="With --cloud http://…: the most one request to the server may "
         "take in all, connect to last byte (default: $SPECDEC_CLOUD_TIMEOUT, else 60).", panel=_M)], None),
+    "upload": (Annotated[str, _opt(
+        "--upload", metavar="eager|lazy|auto", help="With --cloud http://…: when a clip goes up. lazy: at its first "
+        "escalation (a clip the edge keeps never leaves the device); eager: at its start, the server prefilling "
+        "while the edge drafts; auto: eager when this run's clips so far show it pays (docs/pipelining.md).",
+        panel=_M, show_default=True)], "lazy"),
 }
 
 # -- generation: length, prompt and sampling, for every command that decodes --------------------------

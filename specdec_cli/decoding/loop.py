@@ -5,27 +5,40 @@
     3. gate: escalate if the block's uncertainty exceeds the threshold (the entropy gate), or its
        meaning score exceeds the meaning gate's (gate.py, verify="meaning"), if a loop shows, or always
     4. the cloud scores [its unseen tokens + the draft] in one forward — on the first escalation
-       that is the prompt with the audio, the accepted answer and the draft; a rule decides
-    5. both caches are cut back to the accepted prefix
+       that is the prompt with the audio, the accepted answer and the draft; a rule decides.
+       While a verdict is in flight (a remote cloud), the edge drafts the next block ahead,
+       assuming the whole draft is kept and the bonus token is its own choice (`draft_ahead`)
+    5. both caches are cut back to the accepted prefix; a block drafted ahead is kept only when
+       the verdict is what it assumed, else discarded (edge and generator back where they were)
     6. accepted tokens (+ the recovered / bonus token) join the sequence, stop rules checked per token
     7. one BlockEvent per block goes to the caller
 
 The loop owns only the accepted sequence and the counters. Each model's tokens and cache live in
 its ModelState; the processors and stop rules are the same objects the baselines use.
+
+Drafting ahead is lossless by construction: the block drafted ahead is the very call the blocking
+loop makes next (`propose` after the same sequence, on the same edge cache, with the generator in
+the same state), and it is used only when the sequence it was drafted after is the sequence the
+verdict gives; otherwise the edge is rolled back and the generator restored to where they were
+before it, and the next block is drafted as the blocking loop drafts it. There is one place where
+an in-flight verdict is awaited (`in_flight.result()`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from .acceptance import Verdict
+from .acceptance import Verdict, first_argmax
 from .config import DecodingConfig
-from .drafter import Proposal, propose
+from .drafter import Drafting, Proposal, propose
 from .gate import GateReading, MeaningGate, active, read
 from .processors import DecodingRules, VocabMasks
 from .state import ModelState
@@ -35,7 +48,10 @@ from .verifier import AcceptanceRule, LocalCloud
 class Cloud(Protocol):
     """What the loop asks of the cloud (verifier.LocalCloud in this process; a session on a
     `specdec serve` server through remote.client.RemoteCloud): start a clip lazily (or prefill it
-    now), verify a draft, roll back to the accepted prefix; plus the work counters a record reports."""
+    now), verify a draft, roll back to the accepted prefix; plus the work counters a record reports.
+    `submit` is `verify` without waiting: the verdict as a future (done at once in this process;
+    in flight on a remote cloud). Random numbers a verdict needs are drawn from `generator` in
+    `submit` itself, before it returns, so the stream's order does not depend on the link."""
 
     prefill_tokens: int
     forwards: int
@@ -47,6 +63,8 @@ class Cloud(Protocol):
     def prefill(self, inputs: Mapping[str, torch.Tensor]) -> None: ...
     def verify(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
                generator: torch.Generator | None, acceptance: AcceptanceRule | None = None) -> tuple[Verdict, int]: ...
+    def submit(self, sequence: list[int], proposal: Proposal, rules: DecodingRules, generator: torch.Generator | None,
+               acceptance: AcceptanceRule | None = None) -> Future[tuple[Verdict, int]]: ...
     def rollback(self, length: int) -> None: ...
 
 
@@ -194,10 +212,16 @@ def speculative_decode(
     events: list[BlockEvent] = []
 
     done = False
+    ahead: Ahead | None = None         # the next block, drafted while the last verdict was in flight
+    pays = AheadPays()
     while not done:
-        # 2. Draft up to k tokens, never past max_new_tokens.
-        budget = min(cfg.k, prompt_len + cfg.max_new_tokens - len(sequence))
-        proposal = propose(edge, sequence, budget, rules, generator, meaning)
+        # 2. Draft up to k tokens, never past max_new_tokens (or take the block drafted ahead: it
+        #    was drafted after this very sequence).
+        if ahead is not None:
+            proposal, ahead = ahead.proposal, None
+        else:
+            with pays.drafting():
+                proposal = propose(edge, sequence, next_budget(cfg, prompt_len, sequence), rules, generator, meaning)
         answer = sequence[prompt_len:]
 
         # 3. Gate.
@@ -210,15 +234,23 @@ def speculative_decode(
             # 4. Verify: one cloud forward over its unseen tokens + the draft (k+1 rows, each
             #    processed by the rules when the verdict first reads it: none past the first
             #    rejection), then the rule: greedy match, or rejection sampling with the generator.
+            #    While the verdict is in flight, the edge drafts the next block ahead.
             prefilled = cloud.prefill_tokens
-            verdict, fed = cloud.verify(sequence, proposal, rules, generator, acceptance)
+            in_flight = pays.watch(cloud.submit(sequence, proposal, rules, generator, acceptance))
+            if not in_flight.done() and pays.now():
+                ahead = draft_ahead(edge, sequence, proposal, in_flight, cfg, rules, generator, meaning)
+            verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
             new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
             event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
             event.cloud_tokens, event.cloud_prefill_tokens = fed, cloud.prefill_tokens - prefilled
 
-            # 5. Roll both caches back to the accepted prefix (the edge may hold less already).
+            # 5. Roll both caches back to the accepted prefix (the edge may hold less already). A
+            #    block drafted ahead after another sequence than the verdict's is discarded first.
+            if ahead is not None and ahead.sequence != sequence + new_tokens:
+                ahead = ahead.discard(edge, generator)
             keep = len(sequence) + verdict.accepted
-            edge.rollback(min(len(edge), keep))
+            if ahead is None:
+                edge.rollback(min(len(edge), keep))
             cloud.rollback(keep)
 
         # 6. Extend the sequence token by token; the first token that ends generation ends it.
@@ -235,6 +267,107 @@ def speculative_decode(
     stats.tokens = len(sequence) - prompt_len
     count_work(stats, edge, cloud)
     return DecodeResult(sequence[prompt_len:], stats, events)
+
+
+class AheadPays:
+    """Whether drafting ahead is worth starting: only while the clip's last verdict took longer
+    than the edge's last block took to draft (the first time: yes). On a fast link with a slow
+    edge, drafting ahead would only hold up the loop, and take the CPU from a cloud on the same
+    machine; tokens are the same either way, this decides time only."""
+
+    def __init__(self) -> None:
+        self.draft_s = 0.0                    # the last block drafted in line, start to end
+        self.verdict_s = float("inf")         # the last verdict, submitted to done
+
+    @contextlib.contextmanager
+    def drafting(self) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.draft_s = time.perf_counter() - started
+
+    def watch(self, in_flight: Future) -> Future:
+        started = time.perf_counter()
+        in_flight.add_done_callback(lambda _f: setattr(self, "verdict_s", time.perf_counter() - started))
+        return in_flight
+
+    def now(self) -> bool:
+        return self.verdict_s > self.draft_s
+
+
+def next_budget(cfg: DecodingConfig, prompt_len: int, sequence: list[int]) -> int:
+    """The next block's length: k, never past max_new_tokens."""
+    return min(cfg.k, prompt_len + cfg.max_new_tokens - len(sequence))
+
+
+@dataclass
+class Ahead:
+    """A block drafted while the previous block's verdict was in flight, after `sequence`: the
+    previous sequence, its whole draft, and the edge's own choice for the token after it (the
+    bonus the cloud adds when it keeps the whole draft)."""
+
+    sequence: list[int]
+    proposal: Proposal
+    edge_held: int                     # tokens the edge held before drafting ahead
+    rng: torch.Tensor | None           # the generator's state before drafting ahead
+
+    def discard(self, edge: ModelState, generator: torch.Generator | None) -> None:
+        """The verdict was not what this block assumed: the edge and the generator go back to
+        where they were before it was drafted (the edge by its one rollback). Returns None, what
+        the loop then holds ahead."""
+        edge.rollback(self.edge_held)
+        if generator is not None and self.rng is not None:
+            generator.set_state(self.rng)
+        return None
+
+
+def draft_ahead(edge: ModelState, sequence: list[int], proposal: Proposal, in_flight: Future[tuple[Verdict, int]],
+                cfg: DecodingConfig, rules: DecodingRules, generator: torch.Generator | None,
+                meaning: MeaningGate | None) -> Ahead | None:
+    """The next block as the blocking loop would draft it if the verdict on `proposal` keeps the
+    whole draft and its bonus token is the edge's choice there (greedy even when sampling: the
+    guess draws nothing). None when there is no next block on that assumption (the draft or the
+    guess ends the clip), or when the verdict arrived while drafting and broke the assumption (the
+    drafting stops there, the edge and the generator are put back: no time is spent on a block
+    that cannot be used).
+
+    The guess needs the edge's logits after the whole draft: one forward of the draft's last
+    token, then cut again, so that the block drafted after the guess starts with the same
+    catch-up forward ([last draft token, bonus]) as the blocking loop's, and every row is computed
+    exactly as there."""
+    held = len(edge)
+    assumed = sequence + proposal.tokens
+    if rules.stops(assumed):
+        return None
+    scores = rules.process_ids(assumed, edge.logits_after(assumed), warp=False)
+    guess = first_argmax(scores)
+    edge.rollback(held)
+    after = assumed + [guess]
+    if rules.stops(after):
+        return None
+
+    def overtaken() -> bool:
+        """The verdict is in, and it is not the one assumed."""
+        if not in_flight.done():
+            # Hand the GIL over for a moment: the threads carrying the verdict (the client's
+            # event loop, its verification thread) would otherwise wait up to the interpreter's
+            # switch interval (5 ms) at each of their steps while the edge drafts.
+            time.sleep(0)
+            return False
+        if in_flight.exception() is not None:
+            return True
+        verdict, _ = in_flight.result()
+        return (verdict.accepted, verdict.token) != (len(proposal.tokens), guess)
+
+    ahead = Ahead(after, proposal, held, generator.get_state() if generator is not None else None)
+    # propose()'s steps, with a look at the verdict before each edge forward.
+    drafting = Drafting(after, next_budget(cfg, rules.prompt_len, after), rules, generator, meaning)
+    feed = None if overtaken() else drafting.step(edge.logits_after(after))
+    while feed is not None and not overtaken():
+        feed = drafting.step(edge.advance([feed])[-1])
+    if feed is not None or overtaken():
+        return ahead.discard(edge, generator)
+    ahead.proposal = drafting.proposal()
+    return ahead
 
 
 def new_event(index: int, cfg: DecodingConfig, proposal: Proposal, reason: str, held: bool) -> BlockEvent:

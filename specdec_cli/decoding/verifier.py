@@ -4,6 +4,8 @@ escalation of a clip, the lazy prefill)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel
@@ -50,6 +52,20 @@ class TargetScores:
     def dense(self) -> torch.Tensor:
         """Every row processed: [k+1, V]."""
         return torch.stack([self[j] for j in range(len(self))])
+
+
+T = TypeVar("T")
+
+
+def completed(work: Callable[[], T]) -> Future[T]:
+    """`work()` run now, as a future that is already done (its result, or the exception it raised):
+    what a cloud that answers at once gives the loop's `submit`."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(work())
+    except Exception as exc:  # handed to whoever reads the result, as a blocking call would raise it
+        future.set_exception(exc)
+    return future
 
 
 # (draft tokens, processed target scores: k+1 rows, indexable) -> Verdict: a greedy acceptance rule.
@@ -109,6 +125,13 @@ class LocalCloud:
         whole draft: `rollback` cuts it to what the verdict kept."""
         scores, fed = score_draft(self.state, sequence, proposal.tokens, rules)
         return judge(proposal, scores, generator, acceptance), fed
+
+    def submit(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+               generator: torch.Generator | None, acceptance: AcceptanceRule | None = None,
+               ) -> Future[tuple[Verdict, int]]:
+        """`verify`, computed now: in this process the verdict is never in flight, so the loop
+        never drafts ahead (nothing would overlap: the edge and the cloud share the CPU)."""
+        return completed(lambda: self.verify(sequence, proposal, rules, generator, acceptance))
 
     def rollback(self, length: int) -> None:
         self.state.rollback(min(len(self.state), length))  # it may hold less: nothing to cut then

@@ -19,9 +19,15 @@ cannot use (CloudAnswerError); it fails that clip, and never becomes a descripti
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import logging
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,6 +42,7 @@ from ..decoding.config import DecodingConfig
 from ..decoding.drafter import Proposal
 from ..decoding.loop import DecodeResult, DecodeStats
 from ..decoding.processors import DecodingRules
+from ..decoding.verifier import completed
 from ..errors import InputError, SpecdecError
 from . import answers, wire
 from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, retry_after
@@ -43,6 +50,13 @@ from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, re
 TOKEN_ENV = "SPECDEC_TOKEN"
 RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
 ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
+# Requests sent without waiting (a session's close): each bounded in time, and at most this many
+# unanswered at once; past that one is not sent (the server's session TTL ends what it would have).
+BACKGROUND_S = 5.0
+BACKGROUND_MAX = 8
+UPLOADS = ("eager", "lazy", "auto")  # --upload: when a clip goes up (RemoteClient.upload)
+
+log = logging.getLogger("specdec.client")
 
 
 def check_url(url: str) -> str:
@@ -125,6 +139,24 @@ class RemoteClient:
         # After a request gave up on an unreachable server, the next ones try once and report at
         # once (a batch over a dead server must not wait retry_s per clip), until one gets through.
         self._down = False
+        self._background: set[concurrent.futures.Future] = set()  # requests sent without waiting
+        # Pipelining: a clip's verification runs on one worker thread while the edge drafts ahead
+        # (decoding/loop.py); False: each verification blocks the loop, as before issue 28.
+        self.pipelined = True
+        self._worker: ThreadPoolExecutor | None = None
+        self._block_k: int | None = None  # block_k(), once measured
+        self.rtt_s = self.edge_token_s = 0.0
+        # When a clip goes up: "lazy" at its first verification (a clip the edge keeps sends
+        # nothing); "eager" at its start, in the background (`POST /v1/sessions`: the server
+        # prefills while the edge drafts); "auto" decides per clip from this run's clips so far
+        # (`eager_for`). Lazy is the default: docs/pipelining.md has the measurement.
+        self.upload = "lazy"
+        self.clips = self.clips_verified = 0
+        # The last clips': per escalated clip, its start to its first verification; per clip
+        # uploaded, the request that carried the clip, sent to answered.
+        self.lead_s: deque[float] = deque(maxlen=32)
+        self.upload_s: deque[float] = deque(maxlen=32)
+        self._background_lock = threading.Lock()  # done-callbacks run on the exchange's thread
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -146,8 +178,73 @@ class RemoteClient:
     def fingerprint(self) -> str:
         return str(self.info.get("fingerprint", ""))
 
+    def block_k(self, edge: Any) -> int:
+        """The block length for this link (decoding/block_length.py), measured once per run: the
+        round trip (median of three GET /health), the edge's time per token (median of five
+        one-token steps of `edge` on a short text prompt). The cloud's forward is not known here
+        and counts as 0 (its share of the wait is the round trip's server time)."""
+        if self._block_k is None:
+            from ..decoding.block_length import best_k
+
+            trips = []
+            for _ in range(3):
+                started = time.perf_counter()
+                self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP)
+                trips.append(time.perf_counter() - started)
+            self.rtt_s = sorted(trips)[1]
+            self.edge_token_s = edge_token_time(edge)
+            self._block_k = best_k(self.rtt_s, self.edge_token_s)
+        return self._block_k
+
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)  # each request has its deadline: this ends
+            self._worker = None
+        self.settle()
         self.exchange.close()
+
+    def worker(self) -> ThreadPoolExecutor:
+        """The one thread verifications run on while the loop drafts ahead (one at a time: a clip
+        has at most one verdict in flight, and the loop awaits it before the next)."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-verify")
+        return self._worker
+
+    def settle(self, timeout_s: float = BACKGROUND_S) -> None:
+        """Wait (at most `timeout_s`) for the requests sent without waiting to be answered."""
+        with self._background_lock:
+            pending = list(self._background)
+        concurrent.futures.wait(pending, timeout=timeout_s)
+
+    def send_later(self, method: str, path: str, link: LinkStats) -> bool:
+        """Send a request whose answer nobody waits for (a session's close): no round trip is spent
+        on it, its bytes up are counted in `link`, a failure is logged, never raised (a closed
+        session the server did not hear of ends at its TTL). False when not sent: the server is
+        down, or too many such requests are still unanswered."""
+        with self._background_lock:
+            if self._down or len(self._background) >= BACKGROUND_MAX:
+                return False
+            request = self.exchange.request(method, path, b"", None)
+            future = self.exchange.send_later(request, answers.HEALTH_CAP, min(BACKGROUND_S, self.timeout_s))
+            self._background.add(future)
+        link.uplink_bytes += _request_bytes(request, b"")
+        future.add_done_callback(lambda f: self._answered(f, method, path))
+        return True
+
+    def _answered(self, future: concurrent.futures.Future, method: str, path: str) -> None:
+        with self._background_lock:
+            self._background.discard(future)
+        if future.cancelled():
+            return
+        failure = future.exception()
+        if failure is not None:
+            why = wire.first_line(failure)
+        else:
+            answer = future.result()
+            if answer.status < 400 or answer.status == 404:  # 404: the session had ended already
+                return
+            why = f"{answer.status} {_error_text(answer)}"
+        log.warning("%s %s%s (not waited for) failed: %s", method, self.url, path, why)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -242,8 +339,24 @@ class RemoteClient:
     # -- per clip ---------------------------------------------------------------------------------
 
     def clip(self, audio: np.ndarray, cfg: DecodingConfig) -> RemoteCloud:
-        """The cloud for one clip (a session opened at its first verification, if any)."""
-        return RemoteCloud(self, audio, cfg)
+        """The cloud for one clip (a session opened at its start with --upload eager, else at its
+        first verification, if any)."""
+        return RemoteCloud(self, audio, cfg, self.eager_for(cfg))
+
+    def eager_for(self, cfg: DecodingConfig) -> bool:
+        """Whether this clip goes up at its start. "auto": eager only when it pays on this run's
+        clips so far — most of them escalated, and the edge reached the first escalation later than
+        the request carrying the clip took (upload, features, prefill, round trip), so that an
+        eager upload is answered before the first verification needs the session. Otherwise (the
+        first clips, a cloud never consulted, a fast edge) lazy: the first verification would
+        only wait behind the open."""
+        if self.upload != "auto":
+            return self.upload == "eager"
+        if cfg.verify != "always" and cfg.threshold == float("inf"):
+            return False
+        if not self.lead_s or not self.upload_s or 2 * self.clips_verified < self.clips:
+            return False
+        return sum(self.lead_s) / len(self.lead_s) > sum(self.upload_s) / len(self.upload_s)
 
     def generate(self, audio: np.ndarray, inputs: Mapping[str, torch.Tensor], cfg: DecodingConfig,
                  pad_id: int | None) -> tuple[DecodeResult, LinkStats]:
@@ -258,6 +371,21 @@ class RemoteClient:
             if name in ("cloud_calls", "cloud_tokens", "cloud_prefill_tokens", "cloud_work_forwards"):
                 setattr(stats, name, int(value))
         return DecodeResult(list(answer.tokens), stats), link
+
+
+def edge_token_time(model: Any, steps: int = 5) -> float:
+    """Seconds one edge decoding step takes (the median of `steps`, after an 8-token text prompt)."""
+    from ..decoding.state import ModelState
+
+    state = ModelState(model, "probe")
+    ids = torch.arange(100, 108, dtype=torch.long)[None]
+    state.prefill({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    times = []
+    for i in range(steps):
+        started = time.perf_counter()
+        state.advance([110 + i])
+        times.append(time.perf_counter() - started)
+    return sorted(times)[steps // 2]
 
 
 class SessionLost(SpecdecError):
@@ -278,9 +406,13 @@ class RemoteCloud:
 
     MAX_REBUILDS = 3  # per request: a server that loses the session every time is reported
 
-    def __init__(self, client: RemoteClient, audio: np.ndarray, cfg: DecodingConfig) -> None:
-        self.client, self.audio, self.cfg = client, audio, cfg
+    def __init__(self, client: RemoteClient, audio: np.ndarray, cfg: DecodingConfig, eager: bool = False) -> None:
+        self.client, self.audio, self.cfg, self.eager = client, audio, cfg, eager
         self.link = LinkStats()
+        self._opening: Future[None] | None = None  # the eager upload, on the verification thread
+        self._opened: tuple[int, int] | None = None  # its (prefilled, all_forwards), counted at the first verdict
+        self._verified = False
+        self._started = 0.0
         self.session: str | None = None
         self.held = 0                 # tokens the server's session holds (prompt included)
         self.prompt_ids: list[int] = []
@@ -292,16 +424,53 @@ class RemoteCloud:
         return self.held
 
     def start(self, inputs: Mapping[str, torch.Tensor]) -> None:
-        """Remember the clip's prompt; nothing leaves the device."""
+        """Remember the clip's prompt; nothing leaves the device (lazy), or the clip goes up now in
+        the background and the server prefills it while the edge drafts (eager)."""
         self.inputs = inputs
         self.prompt_ids = inputs["input_ids"][0].tolist()
         self.session, self.held = None, 0
+        self._started = time.perf_counter()
+        if self.eager:
+            self._opening = self.client.worker().submit(self._open)
+
+    def _open(self) -> None:
+        """The eager upload: open the session with the clip, prefilled. A failure is logged and
+        leaves the session unopened: the first verification then opens it lazily, as without."""
+        sent = time.perf_counter()
+        try:
+            opened = self.client.call("POST", "/v1/sessions", wire.OpenRequest(self._clip_message(),
+                                                                                config_dict(self.cfg)),
+                                      wire.Opened, self.link)
+        except (CloudError, CloudUnreachable, InputError) as exc:
+            log.warning("opening a session at %s failed (%s); the clip goes up at its first verification",
+                        self.client.url, wire.first_line(exc))
+            return
+        if opened.held != len(self.prompt_ids) or not opened.session:
+            log.warning("the cloud at %s opened a session holding %d tokens for a %d-token prompt; not used",
+                        self.client.url, opened.held, len(self.prompt_ids))
+            return
+        self.session, self.held = opened.session, opened.held
+        self._opened = (opened.prefilled, opened.all_forwards)
+        self.client.upload_s.append(time.perf_counter() - sent)
+
+    def _clip_message(self) -> wire.Clip:
+        if self._clip is None:
+            self._clip = clip_message(self.audio, self.client.info["rate"], self.inputs)
+        return self._clip
 
     def prefill(self, inputs: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError("a remote cloud starts lazily, at the first verification")
 
     def verify(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
                generator: torch.Generator | None, acceptance: Any = None) -> tuple[Verdict, int]:
+        return self.submit(sequence, proposal, rules, generator, acceptance).result()
+
+    def submit(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+               generator: torch.Generator | None, acceptance: Any = None) -> Future[tuple[Verdict, int]]:
+        """The verdict on `proposal` as a future: in flight on the client's verification thread
+        (`RemoteClient.pipelined`), or done before this returns (the blocking client). The random
+        numbers the verdict needs are drawn here, before it returns, in the in-process rule's order.
+        Until the future is done nothing else may touch this cloud (the loop awaits it first)."""
         if acceptance is not None:
             raise NotImplementedError("a custom acceptance rule runs only with an in-process cloud")
         draft = list(proposal.tokens)
@@ -312,10 +481,26 @@ class RemoteCloud:
             u, u_last = sampling_uniforms(len(draft), generator)
             p_draft = [float(proposal.draft_probs[j, t]) for j, t in enumerate(draft)]
             sampling = wire.Sampling(p_draft, u, u_last)
+        if not self._verified:
+            self.client.lead_s.append(time.perf_counter() - self._started)
+            self._verified = True
+        work = functools.partial(self._verify, list(sequence), proposal, draft, sampling, u_last)
+        return self.client.worker().submit(work) if self.client.pipelined else completed(work)
+
+    def _verify(self, sequence: list[int], proposal: Proposal, draft: list[int], sampling: wire.Sampling | None,
+                u_last: float) -> tuple[Verdict, int]:
+        """One verification's round trip (several if the session must be rebuilt), its answer
+        checked and counted."""
+        if self._opening is not None:  # the eager upload first (already done on the verification thread)
+            self._opening.result()
+            self._opening = None
         for _ in range(self.MAX_REBUILDS + 1):
             request = self._request(sequence, draft, sampling)
+            sent = time.perf_counter()
             try:
                 answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link)
+                if request.clip is not None:
+                    self.client.upload_s.append(time.perf_counter() - sent)
                 break
             except SessionLost:
                 # Evicted, expired or the server restarted: open it again from what we hold.
@@ -330,6 +515,10 @@ class RemoteCloud:
                                                                                  answer.target_row, vocab)
         # A verdict that ends the clip closed the session on the server: nothing left to close.
         self.session, self.held = (None if answer.ended else answer.session), answer.held
+        if self._opened is not None:  # the eager prefill, counted with the clip's first verdict
+            self.prefill_tokens += self._opened[0]
+            self.all_forwards += self._opened[1]
+            self._opened = None
         self.prefill_tokens += answer.prefilled
         self.tokens_fed += answer.fed
         self.forwards += answer.forwards
@@ -342,11 +531,9 @@ class RemoteCloud:
 
     def _request(self, sequence: list[int], draft: list[int], sampling: wire.Sampling | None) -> wire.VerifyRequest:
         if self.session is None:
-            if self._clip is None:
-                self._clip = clip_message(self.audio, self.client.info["rate"], self.inputs)
             p = len(self.prompt_ids)
             assert sequence[:p] == self.prompt_ids, "the sequence must start with the clip's prompt"
-            return wire.VerifyRequest(draft, clip=self._clip, config=config_dict(self.cfg),
+            return wire.VerifyRequest(draft, clip=self._clip_message(), config=config_dict(self.cfg),
                                       pending=sequence[p:], sampling=sampling)
         return wire.VerifyRequest(draft, session=self.session, held=self.held, pending=sequence[self.held:],
                                   sampling=sampling)
@@ -356,14 +543,20 @@ class RemoteCloud:
         self.held = min(self.held, length)
 
     def close(self) -> None:
-        """End the session on the server (the clip is done). A lost session needs no closing."""
+        """End the session on the server (the clip is done), without waiting for the answer: the
+        description is complete, and a close the server misses ends at its session TTL. A session
+        the last verdict ended, or one lost, needs no closing. An eager upload still in flight (a
+        clip that never escalated) is waited for first, so that its session is closed and the
+        clip's link counts are complete: eager's price on a clip the edge kept."""
+        self.client.clips += 1
+        self.client.clips_verified += self._verified
+        if self._opening is not None:
+            self._opening.result()  # never raises: _open logs its failures; bounded by the request deadline
+            self._opening = None
         if self.session is None:
             return
         sid, self.session = self.session, None
-        try:
-            self.client.call("DELETE", f"/v1/sessions/{sid}", None, None, self.link)
-        except (CloudUnreachable, CloudError, SessionLost):
-            pass  # the server's TTL ends it; the description is already complete
+        self.client.send_later("DELETE", f"/v1/sessions/{sid}", self.link)
 
 
 def _error_body(answer: Answer) -> dict[str, Any]:

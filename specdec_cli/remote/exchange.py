@@ -16,6 +16,7 @@ reads, and nothing it cannot afford to.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import email.utils
 import math
 import os
@@ -101,6 +102,12 @@ class Exchange:
         TimeoutError past the deadline, Unusable for a body over the cap or compressed, and
         httpx.TransportError when the connection fails (ConnectError/ConnectTimeout: none made)."""
         return self._run(self._send(request, self.timeout_s, cap))
+
+    def send_later(self, request: httpx.Request, cap: int, timeout_s: float) -> concurrent.futures.Future:
+        """Send `request` without waiting for its answer: the future holds the Answer (or the
+        exception `send` would raise) once it came, within `timeout_s`. The request runs on this
+        exchange's event loop beside any other (the pool opens a second connection if one is busy)."""
+        return asyncio.run_coroutine_threadsafe(self._send(request, timeout_s, cap), self._loop)
 
     async def _send(self, request: httpx.Request, timeout_s: float, cap: int) -> Answer:
         async with asyncio.timeout(timeout_s):

@@ -39,7 +39,7 @@ def _message(name: str, description: str) -> dict[str, Any]:
 def document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         [wire.VerifyRequest, wire.VerifyResponse, wire.GenerateRequest, wire.GenerateResponse, wire.ErrorBody,
-         wire.Health, wire.Closed], ref_template=_REF)
+         wire.Health, wire.Closed, wire.OpenRequest, wire.Opened], ref_template=_REF)
     json_of = lambda name: {"application/json": {"schema": {"$ref": _REF.format(name=name)}}}  # noqa: E731
     paths = {
         "/health": {"get": {
@@ -66,6 +66,12 @@ def document() -> dict[str, Any]:
             "requestBody": {"required": True, **_message("GenerateRequest", "the clip and the decoding settings")},
             "responses": {"200": _message("GenerateResponse", "the description's tokens and the work counters"),
                           **_errors("400", "401", "408", "413")}}},
+        "/v1/sessions": {"post": {
+            "operationId": "open",
+            "summary": "Open a session with the clip and run its prefill now (the client's --upload eager)",
+            "requestBody": {"required": True, **_message("OpenRequest", "the clip and the decoding settings")},
+            "responses": {"200": _message("Opened", "the session, prefilled"),
+                          **_errors("400", "401", "408", "413", "503")}}},
         "/v1/sessions/{sid}": {"delete": {
             "operationId": "close", "summary": "Close a session",
             "parameters": [{"name": "sid", "in": "path", "required": True,

@@ -11,6 +11,7 @@ Endpoints (bodies: MessagePack or JSON, see wire.py; every error a one-line JSON
   GET    /openapi.json         this API as an OpenAPI document, generated from wire.py's structs
   POST   /v1/verify            open a session (with the clip) and/or verify a draft in it
   POST   /v1/generate          cloud-only: the whole description in one request
+  POST   /v1/sessions          open a session with the clip and prefill it now (--upload eager)
   DELETE /v1/sessions/{id}     close a session
 
 Every request is checked before any model runs: the body against wire.py's schema (types, ranges,
@@ -520,6 +521,31 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                  "cloud_prefill_tokens": s.cloud_prefill_tokens, "cloud_work_forwards": s.cloud_work_forwards}
         return answer(request, wire.GenerateResponse(result.tokens, stats))
 
+    async def open_session(request: Request) -> Response:
+        """A session opened with its prefill run now: the client sends the clip at the start of
+        the clip (`--upload eager`) and its first verification carries only ids."""
+        owner = owner_of(request)
+        req: wire.OpenRequest = await body_of(request, wire.OpenRequest)
+        cfg = config_of(req.config, "spec")
+        prompt = list(req.clip.prompt_ids)
+        if len(prompt) + 1 > hosted.context:
+            raise ApiError(400, "too_long", f"the prompt's {len(prompt)} tokens leave no room in the model's context")
+        inputs = await to_thread.run_sync(inputs_of, req.clip)
+        sessions.reserve(owner)
+        sid = secrets.token_urlsafe(16)
+
+        def prefilled() -> CloudSession:
+            cloud = LocalCloud(hosted.model)
+            cloud.prefill(inputs)
+            rules = DecodingRules.build(cfg, hosted.masks, len(prompt), hosted.eos_ids)
+            return CloudSession(sid, owner, cloud, rules, len(prompt))
+        session = await in_worker(prefilled)
+        sessions.add(session)
+        session.last_used = time.monotonic()
+        metrics.tokens.inc(session.cloud.prefill_tokens)
+        return answer(request, wire.Opened(sid, len(session.cloud), session.cloud.prefill_tokens,
+                                           session.cloud.all_forwards))
+
     async def close(request: Request) -> Response:
         owner = owner_of(request)
         if not sessions.close(request.path_params["sid"], owner):
@@ -567,6 +593,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         Route("/openapi.json", counted(openapi_endpoint), methods=["GET"]),
         Route("/v1/verify", counted(arrives(verify)), methods=["POST"]),
         Route("/v1/generate", counted(generate), methods=["POST"]),
+        Route("/v1/sessions", counted(open_session), methods=["POST"]),
         Route("/v1/sessions/{sid}", counted(close), methods=["DELETE"]),
     ]
 

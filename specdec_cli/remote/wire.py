@@ -109,6 +109,20 @@ class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     sampling: Sampling | None = None
 
 
+class OpenRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Open a session with the clip and run its prefill now (`--upload eager`): the server hears
+    the clip while the edge drafts, and the first verification sends only ids."""
+    clip: Clip
+    config: DecodingSettings
+
+
+class Opened(msgspec.Struct):
+    session: str
+    held: int              # tokens the session holds (the prompt)
+    prefilled: int         # prompt tokens this request ran
+    all_forwards: int      # forwards this request ran
+
+
 class SparseRow(msgspec.Struct):
     """A probability row, exact: its non-zero entries (int32 indices, float32 values,
     little-endian), or, when that would be larger (most entries non-zero), every value with no
