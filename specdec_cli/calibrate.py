@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles refines it
 # The meaning gate's sweep: gate_upload at these percentiles of the never-escalating run's block
-# scores (and inf), gate_verify at these (and 0, and gate_upload): about 12 settings per k, a
+# scores, gate_verify at these (and 0, and gate_upload): at most 12 settings per k, a
 # coarser grid than bench/gate.py's (gate_fit.UPLOAD/VERIFY_PERCENTILES, ~30) to keep calibrate's
 # decodes near the entropy sweep's.
 GATE_UPLOAD_PERCENTILES = (60, 80, 90)
@@ -346,10 +346,12 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
                 named = sweep_named(base, k, [x for i in calib for x in never.scores[i] if x is not None],
                                     upload_percentiles=GATE_UPLOAD_PERCENTILES,
                                     verify_percentiles=GATE_VERIFY_PERCENTILES)
-                total -= (_gate_settings_max() - len(named)) * len(paths)
+                total -= (_gate_settings_max() - sum(not math.isinf(c.gate_upload) for c in named.values())) * len(paths)
                 if progress is not None:
                     progress.total(total)
-                meaning += [run_all(Run(name, cfg)) for name, cfg in named.items()]
+                # gate_upload = inf: only a loop would ever send such a clip up, so those settings decode as
+                # the never-escalating run above (the same answers, bar loops): not worth their decodes.
+                meaning += [run_all(Run(name, cfg)) for name, cfg in named.items() if not math.isinf(cfg.gate_upload)]
         finally:
             pair.models.gate = previous
     seconds = time.perf_counter() - start
@@ -398,7 +400,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               f"[{', '.join(f'{p:g}' for p in percentiles)}] ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
               *([] if fitted is None else [
                   f"meaning gate: fitted on the calibration half ({_task(base)}); sweep: k in {list(ks)},",
-                  f"  gate_upload at the blocks' meaning-score percentiles {list(GATE_UPLOAD_PERCENTILES)} and inf,",
+                  f"  gate_upload at the blocks' meaning-score percentiles {list(GATE_UPLOAD_PERCENTILES)},",
                   f"  gate_verify at 0, {list(GATE_VERIFY_PERCENTILES)} and gate_upload"]),
               f"chosen on the calibration half; {len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
     text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
@@ -409,8 +411,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
 
 def _gate_settings_max() -> int:
     """An upper bound on gate_fit.sweep's settings per k at calibrate's percentiles (for progress)."""
-    uploads = len(GATE_UPLOAD_PERCENTILES) + 1
-    return uploads * (len(GATE_VERIFY_PERCENTILES) + 2)
+    return len(GATE_UPLOAD_PERCENTILES) * (len(GATE_VERIFY_PERCENTILES) + 2)
 
 
 def _task(cfg: DecodingConfig) -> str:
