@@ -12,6 +12,15 @@ chosen on the calibration half only, as the cheapest setting (fewest cloud calls
 whose quality is within `quality_points` / `fluent_points` of cloud-only's; the check half then says
 how each choice holds up on clips it was not chosen on.
 
+The meaning gate (decoding/gate.py; skipped with gate=False, `--no-gate`): fitted on the
+calibration half from the edge-only run's answers by self-labelled swaps (gate_fit.fit_gate: edge
+work only, at most MAX_SWAPS per clip), for the task these settings describe (the gate records its
+instruction and system turn; any other task decodes with the entropy gate). Per k a
+never-escalating meaning run sets the gate_upload x gate_verify grid (gate_fit.sweep_named), and
+`frugal` is the cheapest meaning setting by the cloud's work per clip (a clip that goes up at all
+pays its prefill) within `fluent_points`, with one standard error of margin
+(calibration_objective.choose); written with the `[gate]` table only when one qualifies.
+
 Quality, in points (0–100):
 * with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores);
 * without labels: agreement with cloud-only's sentence for the same clip. Where cloud-only's
