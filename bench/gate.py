@@ -64,17 +64,16 @@ if str(REPO) not in sys.path:  # `python bench/gate.py` from a checkout without 
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.audio import load_audio  # noqa: E402
-from specdec_cli.calibrate import thresholds_for  # noqa: E402
-from specdec_cli.calibration_objective import ClipCost, SettingScore, choose, score_clips  # noqa: E402
+from specdec_cli.calibrate import label_accuracy, thresholds_for  # noqa: E402
+from specdec_cli.calibration_objective import ClipCost, SettingScore, choose, clip_cost, score_clips  # noqa: E402
 from specdec_cli.decoding import DecodingConfig  # noqa: E402
 from specdec_cli.decoding.batch_loop import generate_batch, speculative_decode_batch  # noqa: E402
 from specdec_cli.decoding.gate import MeaningGate  # noqa: E402
 from specdec_cli.demo.heldout import write_heldout  # noqa: E402
-from specdec_cli.evaluate import read_labels, score  # noqa: E402
-from specdec_cli.gate_fit import fit_gate, sweep  # noqa: E402
-from specdec_cli.gate_presets import gate_toml, preset_gate_lines  # noqa: E402
+from specdec_cli.evaluate import read_labels  # noqa: E402
+from specdec_cli.gate_fit import fit_gate, sweep_named  # noqa: E402
+from specdec_cli.gate_presets import gate_toml, meaning_preset_lines  # noqa: E402
 from specdec_cli.models import ModelPair, load_pair  # noqa: E402
-from specdec_cli.phrases import ATTRIBUTES  # noqa: E402
 from specdec_cli.presets import resolve  # noqa: E402
 from specdec_cli.prompt import render_prompt  # noqa: E402
 from specdec_cli.remote.wire import encode_audio, tokenizer_fingerprint  # noqa: E402
@@ -113,13 +112,8 @@ def text_of(pair: ModelPair, ids: list[int]) -> str:
 
 
 def costs(pair: ModelPair, clips: ClipSet, results: Sequence) -> list[ClipCost]:
-    out = []
-    for labels, upload, r in zip(clips.labels, clips.upload, results, strict=True):
-        correct = score(text_of(pair, r.tokens), labels)["correct"]
-        s = r.stats
-        out.append(ClipCost(sum(correct.values()) / len(ATTRIBUTES), s.tokens, s.cloud_calls, s.cloud_work_forwards,
-                            s.cloud_work_tokens, upload if s.cloud_work_forwards else 0))
-    return out
+    return [clip_cost(r.stats, label_accuracy(text_of(pair, r.tokens), labels), upload)
+            for labels, upload, r in zip(clips.labels, clips.upload, results, strict=True)]
 
 
 def as_dict(s: SettingScore) -> dict[str, float]:
@@ -140,9 +134,7 @@ def sweep_configs(pair: ModelPair, clips: ClipSet, gate: MeaningGate, ks: Sequen
     configs: dict[str, DecodingConfig] = {}
     for k in ks:
         never = base.with_(k=k, verify="meaning", gate_upload=math.inf, gate_verify=math.inf)
-        scores = [e.score for r in decode(pair, clips, never, gate, batch) for e in r.events]
-        for cfg in sweep(base, k, scores):
-            configs[f"k={k} up={cfg.gate_upload:g} ver={cfg.gate_verify:g}"] = cfg
+        configs.update(sweep_named(base, k, [e.score for r in decode(pair, clips, never, gate, batch) for e in r.events]))
     return configs
 
 
@@ -208,15 +200,14 @@ def staged_presets(cfg: DecodingConfig, gate: MeaningGate, fluent: dict[str, Any
              f"# cloud-only on {result['clips']['calibration']} (specdec_cli/calibration_objective.choose, z = 1),",
              f"# measured on {result['clips']['measurement']}. The demo pair's presets files",
              "# (specdec_cli/demo/models/{edge,cloud}/specdec_presets.toml) carry this text after their presets.",
-             "", "[frugal]",
-             'description = "cheapest within 3 point(s) of cloud-only on the meaning gate (bench/gate.py)"',
-             f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
-             f"threshold = {float(fluent['threshold'])!r}  # the entropy gate's (fluent's), for another task or tokenizer",
-             *preset_gate_lines(cfg.gate_upload, cfg.gate_verify)]
-    for name, r in (("calibration", cal_row), ("measurement", row)):
-        lines.append(f"# {name}: zero-cloud {100 * r['zero_cloud_share']:.1f}%, accuracy {r['accuracy']:.1f}%, "
-                     f"cloud calls per token {r['calls_per_token']:.3f}, bytes up per clip {r['bytes_up_per_clip']:.0f}, "
-                     f"cloud work per clip {r['cloud_work_tokens_per_clip']:.1f} tokens")
+             ""]
+    comments = [f"{name}: zero-cloud {100 * r['zero_cloud_share']:.1f}%, accuracy {r['accuracy']:.1f}%, "
+                f"cloud calls per token {r['calls_per_token']:.3f}, bytes up per clip {r['bytes_up_per_clip']:.0f}, "
+                f"cloud work per clip {r['cloud_work_tokens_per_clip']:.1f} tokens"
+                for name, r in (("calibration", cal_row), ("measurement", row))]
+    lines += meaning_preset_lines("frugal", "cheapest within 3 point(s) of cloud-only on the meaning gate (bench/gate.py)",
+                                  cfg.k, cfg.uncertainty, float(fluent["threshold"]), cfg.gate_upload, cfg.gate_verify,
+                                  comments)
     return "\n".join(lines) + "\n\n" + gate_toml(gate, f"fitted by bench/gate.py on {result['clips']['calibration']}")
 
 

@@ -12,6 +12,15 @@ chosen on the calibration half only, as the cheapest setting (fewest cloud calls
 whose quality is within `quality_points` / `fluent_points` of cloud-only's; the check half then says
 how each choice holds up on clips it was not chosen on.
 
+The meaning gate (decoding/gate.py; skipped with gate=False, `--no-gate`): fitted on the
+calibration half from the edge-only run's answers by self-labelled swaps (gate_fit.fit_gate: edge
+work only, at most MAX_SWAPS per clip), for the task these settings describe (the gate records its
+instruction and system turn; any other task decodes with the entropy gate). Per k a
+never-escalating meaning run sets the gate_upload x gate_verify grid (gate_fit.sweep_named), and
+`frugal` is the cheapest meaning setting by the cloud's work per clip (a clip that goes up at all
+pays its prefill) within `fluent_points`, with one standard error of margin
+(calibration_objective.choose); written with the `[gate]` table only when one qualifies.
+
 Quality, in points (0–100):
 * with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores);
 * without labels: agreement with cloud-only's sentence for the same clip. Where cloud-only's
@@ -32,15 +41,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
+from .calibration_objective import ClipCost, SettingScore, choose, clip_cost, score_clips
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .phrases import ATTRIBUTES, agreement
 
 if TYPE_CHECKING:
+    from .decoding.gate import MeaningGate
     from .describe import Description
     from .pair import Pair
 
 PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles refines it
+# The meaning gate's sweep: gate_upload at these percentiles of the never-escalating run's block
+# scores, gate_verify at these (and 0, and gate_upload): at most 12 settings per k, a
+# coarser grid than bench/gate.py's (gate_fit.UPLOAD/VERIFY_PERCENTILES, ~30) to keep calibrate's
+# decodes near the entropy sweep's.
+GATE_UPLOAD_PERCENTILES = (60, 80, 90)
+GATE_VERIFY_PERCENTILES = (25, 50)
+MAX_SWAPS = 48  # self-labelled swaps per calibration clip (each: one edge continuation)
 
 
 # -- scoring ---------------------------------------------------------------------------------------
@@ -65,6 +83,9 @@ class Run:
     tokens: list[int] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
     uncertainties: list[list[float]] = field(default_factory=list)  # per clip, each block's
+    ids: list[list[int]] = field(default_factory=list)               # per clip, the answer's token ids
+    scores: list[list[float]] = field(default_factory=list)          # per clip, each block's gate score
+    stats: list[Any] = field(default_factory=list)                   # per clip, its DecodeStats
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,45 @@ class Choice:
     calib: Score
     check: Score
     met: bool
+
+
+@dataclass(frozen=True)
+class GateChoice:
+    """The meaning-gate preset (`frugal`): the cheapest meaning setting by the cloud's work per clip
+    (calibration_objective.choose, z = 1) within `points` of cloud-only; `met` False: none was, and
+    the file gets neither the preset nor the gate. `swaps` / `changed`: what the gate was fitted on."""
+
+    name: str
+    points: float
+    run: Run
+    calib: SettingScore
+    check: SettingScore
+    met: bool
+    gate: MeaningGate
+    swaps: int
+    changed: int
+    fallback_threshold: float  # the entropy threshold it keeps for another task (fluent's)
+
+
+def _gate_comment(half: str, s: SettingScore) -> str:
+    return (f"{half} half: quality {s.quality:.1f}, cloud calls per token {s.call_rate:.3f}, zero-cloud "
+            f"{100 * s.zero_cloud_share:.1f}%, cloud work per clip {s.work_per_clip:.1f} tokens")
+
+
+def gate_presets_toml(g: GateChoice, n_calib: int) -> str:
+    """The meaning preset and the `[gate]` table (empty when no meaning setting met the target)."""
+    from .gate_presets import gate_toml, meaning_preset_lines
+
+    if not g.met:
+        return ""
+    cfg = g.run.cfg
+    lines = meaning_preset_lines(
+        g.name, f"cheapest within {g.points:g} point(s) of cloud-only on the meaning gate, counting clips that go up "
+        "(specdec calibrate)", cfg.k, cfg.uncertainty, g.fallback_threshold, cfg.gate_upload, cfg.gate_verify,
+        [_gate_comment("calibration", g.calib), _gate_comment("check", g.check)])
+    about = (f"fitted by specdec calibrate on {n_calib} clips ({g.swaps} self-labelled swaps, {g.changed} changed "
+             "what the sentence says)")
+    return "\n" + "\n".join(lines) + "\n\n" + gate_toml(g.gate, about)
 
 
 def presets_toml(choices: Sequence[Choice], header: Sequence[str], baselines: dict[str, tuple[Score, Score]]) -> str:
@@ -201,6 +261,7 @@ class Calibration:
     toml: str
     n_calib: int
     n_check: int
+    gate: GateChoice | None = None  # None: --no-gate
 
 
 def _record(out: Description, run: Run) -> None:
@@ -208,17 +269,26 @@ def _record(out: Description, run: Run) -> None:
     run.tokens.append(out.result.stats.tokens)
     run.calls.append(out.result.stats.cloud_calls)
     run.uncertainties.append([e.uncertainty for e in out.result.events])
+    run.ids.append(list(out.result.tokens))
+    run.scores.append([e.score for e in out.result.events])
+    run.stats.append(out.result.stats)
 
 
 def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: Sequence[dict[str, str]] | None, *,
               directory: Path, ks: Sequence[int], percentiles: Sequence[float], uncertainty: str = "sum",
               max_new_tokens: int = 64, batch_size: int = 8, settings: dict[str, Any] | None = None,
               quality_points: float = 1.0,
-              fluent_points: float = 3.0, progress: Progress | None = None) -> Calibration:
+              fluent_points: float = 3.0, progress: Progress | None = None, gate: bool = True,
+              max_swaps: int = MAX_SWAPS) -> Calibration:
     """Run cloud-only, edge-only and the threshold x k sweep over the clips, pick the presets on the
     calibration half and score them on the check half (see the module doc). `settings`: explicit
     decoding settings every run shares (sampling, the prompt). A clip that fails stops the
-    calibration (its presets would be chosen on holes), naming the clip."""
+    calibration (its presets would be chosen on holes), naming the clip.
+
+    `gate`: also fit the meaning gate on the calibration half (gate_fit.fit_gate on the edge-only
+    answers, at most `max_swaps` swaps per clip: edge-only work) for the task these settings
+    describe, sweep k x gate_upload x gate_verify (gate_fit.sweep) and choose `frugal`, the cheapest
+    meaning setting by cloud work per clip within `fluent_points` (calibration_objective.choose)."""
     from .describe import describe_many
     from .evaluate import warm_up
 
@@ -232,7 +302,8 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     base = DecodingConfig(max_new_tokens=max_new_tokens, uncertainty=uncertainty).with_(**(settings or {}))  # type: ignore[arg-type]
     start = time.perf_counter()
     runs: list[Run] = []
-    total = len(paths) * (2 + len(ks) * (len(percentiles) + 2))  # grows exact once the thresholds are known
+    per_k = len(percentiles) + 2 + (1 + _gate_settings_max() if gate else 0)
+    total = len(paths) * (2 + len(ks) * per_k)  # shrinks to exact once the thresholds are known
     if progress is not None:
         progress.total(total)
 
@@ -267,6 +338,31 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
         for t in grid:
             if not math.isinf(t):
                 sweep.append(run_all(Run(f"k={k} t={t:g}", base.with_(k=k, threshold=t))))
+    meaning: list[Run] = []
+    fitted = None
+    if gate:
+        from .gate_fit import sweep_named
+
+        fitted, swaps = _fit(pair, [audios[i] for i in calib], [edge_run.ids[i] for i in calib], base, max_swaps,
+                             progress)
+        # Decoded with the fitted gate as the pair's (its own, from the presets files, is put back after).
+        previous, pair.models.gate = pair.models.gate, fitted
+        try:
+            for k in ks:
+                # A never-escalating meaning run: its blocks' scores set the grid (as t=inf does above).
+                never = run_all(Run(f"k={k} up=inf ver=inf", base.with_(k=k, verify="meaning", gate_upload=math.inf,
+                                                                        gate_verify=math.inf)))
+                named = sweep_named(base, k, [x for i in calib for x in never.scores[i] if x is not None],
+                                    upload_percentiles=GATE_UPLOAD_PERCENTILES,
+                                    verify_percentiles=GATE_VERIFY_PERCENTILES)
+                total -= (_gate_settings_max() - sum(not math.isinf(c.gate_upload) for c in named.values())) * len(paths)
+                if progress is not None:
+                    progress.total(total)
+                # gate_upload = inf: only a loop would ever send such a clip up, so those settings decode as
+                # the never-escalating run above (the same answers, bar loops): not worth their decodes.
+                meaning += [run_all(Run(name, cfg)) for name, cfg in named.items() if not math.isinf(cfg.gate_upload)]
+        finally:
+            pair.models.gate = previous
     seconds = time.perf_counter() - start
 
     # Scoring: labels if given, else agreement with cloud-only's sentence for the same clip.
@@ -293,6 +389,16 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     for name, points in (("quality", quality_points), ("fluent", fluent_points)):
         r, s, met = pick(candidates, cloud_cal - points)
         choices.append(Choice(name, points, r, s, scored[r.name][1], met))
+    gate_choice = None
+    if fitted is not None:
+        def costs(r: Run, idx: Sequence[int]) -> list[ClipCost]:
+            return [clip_cost(r.stats[i], quality_of(i, r.texts[i])) for i in idx]
+
+        by_name = {r.name: r for r in meaning}
+        name, _, met = choose([(r.name, costs(r, calib)) for r in meaning], costs(cloud_run, calib), fluent_points)
+        r = by_name[name]
+        gate_choice = GateChoice("frugal", fluent_points, r, score_clips(costs(r, calib)), score_clips(costs(r, check)),
+                                 met, fitted, len(swaps), sum(w.changed for w in swaps), choices[1].run.cfg.threshold)
 
     header = [f"Presets written by `specdec calibrate` (specdec {__version__}, {time.strftime('%Y-%m-%d')}).",
               f"edge: {_shown(pair.models.edge_id)}", f"cloud: {_shown(pair.models.cloud_id)}",
@@ -301,9 +407,44 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               f"quality measure: {measure}",
               f"sweep: k in {list(ks)}, thresholds = 0, the edge's block-uncertainty percentiles "
               f"[{', '.join(f'{p:g}' for p in percentiles)}] ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
+              *([] if fitted is None else [
+                  f"meaning gate: fitted on the calibration half ({_task(base)}); sweep: k in {list(ks)},",
+                  f"  gate_upload at the blocks' meaning-score percentiles {list(GATE_UPLOAD_PERCENTILES)},",
+                  f"  gate_verify at 0, {list(GATE_VERIFY_PERCENTILES)} and gate_upload"]),
               f"chosen on the calibration half; {len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
     text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
-    return Calibration(runs, scored, choices, measure, text, len(calib), len(check))
+    if gate_choice is not None:
+        text += gate_presets_toml(gate_choice, len(calib))
+    return Calibration(runs, scored, choices, measure, text, len(calib), len(check), gate_choice)
+
+
+def _gate_settings_max() -> int:
+    """An upper bound on gate_fit.sweep's settings per k at calibrate's percentiles (for progress)."""
+    return len(GATE_UPLOAD_PERCENTILES) * (len(GATE_VERIFY_PERCENTILES) + 2)
+
+
+def _task(cfg: DecodingConfig) -> str:
+    from .decoding.gate import DEFAULT_INSTRUCTION
+
+    return "the default task" if (cfg.instruction or DEFAULT_INSTRUCTION) == DEFAULT_INSTRUCTION else \
+        f"the task {cfg.instruction!r}"
+
+
+def _fit(pair: Pair, audios: Sequence[Any], answers: Sequence[list[int]], base: DecodingConfig, max_swaps: int,
+         progress: Progress | None) -> tuple[MeaningGate, list[Any]]:
+    """The meaning gate from the edge's own answers (gate_fit.fit_gate: edge work only), for the
+    task `base` describes (its instruction and system turn: the gate records them, and applies only
+    to them)."""
+    from .gate_fit import fit_gate
+    from .remote.wire import tokenizer_fingerprint
+
+    if progress is not None:
+        progress.running("gate fit")
+    m = pair.models
+    inputs = [pair.describer.inputs(a, base) for a in audios]
+    return fit_gate(m.edge, inputs, answers, base, m.masks, m.eos_ids,
+                    lambda ids: m.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+                    tokenizer_fingerprint(m.tokenizer), max_swaps=max_swaps)
 
 
 def _shown(model: str) -> str:

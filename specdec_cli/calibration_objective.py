@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,14 @@ class ClipCost:
     cloud_forwards: int
     cloud_work_tokens: int = 0
     upload_bytes: int = 0      # what went up for the clip (its audio once, when it went up at all)
+
+
+def clip_cost(stats: Any, quality: float, upload_bytes: int = 0) -> ClipCost:
+    """One clip's ClipCost from its decoding's stats (decoding.DecodeStats: tokens, cloud_calls,
+    cloud_work_forwards, cloud_work_tokens) and its quality; `upload_bytes` counts only when the
+    clip reached the cloud."""
+    return ClipCost(quality, stats.tokens, stats.cloud_calls, stats.cloud_work_forwards, stats.cloud_work_tokens,
+                    upload_bytes if stats.cloud_work_forwards else 0)
 
 
 @dataclass(frozen=True)

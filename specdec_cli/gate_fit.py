@@ -66,12 +66,15 @@ def text_outcome(text: str) -> Hashable:
 @torch.inference_mode()
 def swap_labels(edge_model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], answer: Sequence[int],
                 cfg: DecodingConfig, masks: VocabMasks, eos_ids: list[int],
-                outcome: Callable[[list[int]], Hashable], top: int = 3, min_p: float = 0.02) -> list[Swap]:
+                outcome: Callable[[list[int]], Hashable], top: int = 3, min_p: float = 0.02,
+                max_swaps: int | None = None) -> list[Swap]:
     """The swaps of one clip. `answer`: the edge's greedy answer ids under `cfg`'s rules (edge-only
     run); `outcome(ids)` what an answer says (decode + `text_outcome`, typically). Each position's
     alternatives are the `top` likeliest tokens other than the answer's under the rules, with
     probability >= `min_p`; each continuation is the edge's greedy decoding under the same rules,
-    so the only difference between the two sentences is the swap and what the edge makes of it."""
+    so the only difference between the two sentences is the swap and what the edge makes of it.
+    `max_swaps` bounds the continuations (each is up to max_new_tokens edge forwards): the likeliest
+    alternatives are kept (ties: the earlier position), then labelled in position order."""
     answer = [int(t) for t in answer]
     edge = ModelState(edge_model, "edge")
     first = edge.prefill(inputs)
@@ -79,15 +82,21 @@ def swap_labels(edge_model: torch.nn.Module, inputs: Mapping[str, torch.Tensor],
     rules = DecodingRules.build(cfg, masks, len(prompt), eos_ids)
     rows = torch.cat([first[None], edge.advance(answer)]) if answer else first[None]  # row j predicts answer[j]
     base = outcome(answer)
-    swaps: list[Swap] = []
+    candidates: list[tuple[int, int, float]] = []  # (position, alternative, p), in position order
     for j, drafted in enumerate(answer):
         probs = torch.softmax(rules.process_ids(prompt + answer[:j], rows[j], warp=False), dim=-1)
         values, ids = torch.topk(probs, min(top + 1, probs.shape[-1]))
         for p, v in zip(values.tolist(), ids.tolist(), strict=True):
             if v == drafted or p < min_p or not math.isfinite(p):
                 continue
-            tail = _continue(edge, rules, prompt, answer[:j] + [v], cfg.max_new_tokens)
-            swaps.append(Swap(drafted, v, p, outcome(answer[:j] + [v] + tail) != base))
+            candidates.append((j, v, p))
+    if max_swaps is not None and len(candidates) > max_swaps:
+        kept = sorted(range(len(candidates)), key=lambda i: (-candidates[i][2], i))[:max_swaps]
+        candidates = [candidates[i] for i in sorted(kept)]
+    swaps: list[Swap] = []
+    for j, v, p in candidates:
+        tail = _continue(edge, rules, prompt, answer[:j] + [v], cfg.max_new_tokens)
+        swaps.append(Swap(answer[j], v, p, outcome(answer[:j] + [v] + tail) != base))
     return swaps
 
 
@@ -153,15 +162,16 @@ def gate_from_swaps(swaps: Sequence[Swap], cfg: DecodingConfig, tokenizer: str =
 def fit_gate(edge_model: torch.nn.Module, inputs: Sequence[Mapping[str, torch.Tensor]], answers: Sequence[Sequence[int]],
              cfg: DecodingConfig, masks: VocabMasks, eos_ids: list[int], decode: Callable[[list[int]], str],
              tokenizer: str = "", outcome: Callable[[str], Hashable] = text_outcome, top: int = 3,
-             min_p: float = 0.02, prior: float = 1.0) -> tuple[MeaningGate, list[Swap]]:
+             min_p: float = 0.02, prior: float = 1.0, max_swaps: int | None = None) -> tuple[MeaningGate, list[Swap]]:
     """The pair's meaning gate from its calibration clips: `inputs` (thinker inputs per clip) and
     `answers` (the edge-only run's token ids per clip, under `cfg`'s rules), `decode` (ids -> text,
     the tokenizer's decode), `outcome` (text -> what it says). Returns the gate and the swaps it was
-    fitted on (for the record: how many, how many changed the outcome)."""
+    fitted on (for the record: how many, how many changed the outcome). `max_swaps`: per clip (see
+    `swap_labels`)."""
     swaps: list[Swap] = []
     for clip_inputs, answer in zip(inputs, answers, strict=True):
         swaps += swap_labels(edge_model, clip_inputs, answer, cfg, masks, eos_ids,
-                             lambda ids: outcome(decode(ids)), top, min_p)
+                             lambda ids: outcome(decode(ids)), top, min_p, max_swaps)
     return gate_from_swaps(swaps, cfg, tokenizer, prior), swaps
 
 
@@ -194,6 +204,17 @@ def sweep(base: DecodingConfig, k: int, scores: Sequence[float], upload_percenti
     verifies = gate_grid(scores, verify_percentiles)
     return [never.with_(gate_upload=up, gate_verify=ver) for up in uploads
             for ver in sorted({*verifies, up}) if ver <= up and not (math.isinf(up) and math.isinf(ver))]
+
+
+def setting_name(cfg: DecodingConfig) -> str:
+    """A meaning-gate setting's name in tables and reports: "k=6 up=0.485 ver=0.246"."""
+    return f"k={cfg.k} up={cfg.gate_upload:g} ver={cfg.gate_verify:g}"
+
+
+def sweep_named(base: DecodingConfig, k: int, scores: Sequence[float], **percentiles: Sequence[float]
+                ) -> dict[str, DecodingConfig]:
+    """`sweep`'s settings keyed by `setting_name`."""
+    return {setting_name(cfg): cfg for cfg in sweep(base, k, scores, **percentiles)}
 
 
 def block_scores(gate: MeaningGate, edge_probs: Sequence[torch.Tensor], answer: Sequence[int], k: int,

@@ -31,7 +31,7 @@ from .presets import GATE_TABLE as TABLE
 from .presets import GATE_TABLE_KEYS, PresetFiles, layered_files
 
 __all__ = ["PRESET_GATE_KEYS", "TABLE", "gate_file", "gate_id", "gate_toml", "load_gate", "load_gates", "parse_gate",
-           "preset_gate_lines"]
+           "meaning_preset_lines", "preset_gate_lines"]
 
 
 def _string(text: str) -> str:
@@ -142,3 +142,14 @@ def preset_gate_lines(upload: float, verify: float) -> list[str]:
         return "inf" if math.isinf(x) else repr(float(x))
 
     return ['verify = "meaning"', f"gate_upload = {num(upload)}", f"gate_verify = {num(verify)}"]
+
+
+def meaning_preset_lines(name: str, description: str, k: int, uncertainty: str, threshold: float, upload: float,
+                         verify: float, comments: Sequence[str] = ()) -> list[str]:
+    """A meaning-gate preset's table (`frugal`, as calibrate and bench/gate.py write it): its
+    `threshold` is the entropy gate's, used where the `[gate]` does not apply (another task or
+    tokenizer); `comments` follow as `# ...` lines."""
+    thr = "inf" if math.isinf(threshold) else repr(float(threshold))
+    return [f"[{name}]", f"description = {_string(description)}", f"k = {k}", f'uncertainty = "{uncertainty}"',
+            f"threshold = {thr}  # the entropy gate's, for another task or tokenizer",
+            *preset_gate_lines(upload, verify), *(f"# {c}" for c in comments)]

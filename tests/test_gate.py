@@ -259,6 +259,14 @@ def test_swap_labels_on_a_hand_made_pair():
                         lambda ids: tuple(TOY[t] for t in ids if TOY[t] in ("高", "低")))
     got = [(TOY[s.drafted], TOY[s.alternative], round(s.p, 3), s.changed) for s in swaps]
     assert got == [("人", "是", 0.5, False), ("高", "低", 0.5, True)]
+    # max_swaps keeps the likeliest alternatives (here 低 for 高: p 0.4999877 against 0.4999876),
+    # labelled the same way
+    bounded = swap_labels(edge, TOY_INPUTS, answer, cfg, TOY_MASKS, [0],
+                          lambda ids: tuple(TOY[t] for t in ids if TOY[t] in ("高", "低")), max_swaps=1)
+    assert bounded == [max(swaps, key=lambda s: s.p)] == swaps[1:]
+    assert swap_labels(edge, TOY_INPUTS, answer, cfg, TOY_MASKS, [0],
+                       lambda ids: tuple(TOY[t] for t in ids if TOY[t] in ("高", "低")), max_swaps=2) == swaps
+    assert swap_labels(edge, TOY_INPUTS, answer, cfg, TOY_MASKS, [0], lambda ids: 0, max_swaps=0) == []
 
 
 def test_fit_weights_solves_the_hand_computed_fixed_points():

@@ -21,7 +21,7 @@ from .describe import load, spec_of
 from .options import GENERATION, MODELS, Models, with_options
 
 if TYPE_CHECKING:
-    from ..calibrate import Choice, Run, Score
+    from ..calibrate import Choice, GateChoice, Run, Score
 
 
 class _Bar:
@@ -62,6 +62,10 @@ def calibrate(
     ] = ",".join(map(str, calibration.PERCENTILES)),
     uncertainty: Annotated[str, typer.Option(help="Block uncertainty: sum, max or mean.")] = "sum",
     limit: Annotated[int | None, typer.Option(min=2, help="Only the first N clips.", show_default=False)] = None,
+    gate: Annotated[bool, typer.Option(
+        "--gate/--no-gate", help="Also fit the meaning gate on the calibration half (edge-only work), sweep its "
+        "two thresholds and write a frugal preset with the [gate] table when one is within --fluent-points. "
+        "--no-gate: the entropy presets only (fewer decodes).")] = True,
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Clips decoded together by the speculative runs (the same tokens as one at a "
         "time; see `specdec batch --batch-size`).")] = 8,
@@ -97,7 +101,7 @@ def calibrate(
         found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
                                       percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
                                       batch_size=batch_size, settings=base, quality_points=quality_points,
-                                      fluent_points=fluent_points, progress=_Bar(progress))
+                                      fluent_points=fluent_points, progress=_Bar(progress), gate=gate)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(found.toml, encoding="utf-8")
@@ -105,31 +109,54 @@ def calibrate(
         raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc
 
     stdout = Console(highlight=False)
-    stdout.print(results_table(found.runs, found.scored, found.choices, found.n_calib, found.n_check))
+    stdout.print(results_table(found.runs, found.scored, found.choices, found.n_calib, found.n_check, found.gate))
+    if found.gate is not None:
+        stdout.print("k K · U/V: the meaning gate, gate_upload U, gate_verify V", markup=False)
     stdout.print(f"quality measure: {found.measure}", markup=False)
     for c in found.choices:
         note = "" if c.met else f" (nothing reached within {c.points:g} points: best quality chosen)"
         stdout.print(f"{c.name}: k {c.run.cfg.k}, threshold {calibration.toml_float(c.run.cfg.threshold)}{note}",
                      markup=False)
+    if found.gate is not None:
+        g, cfg = found.gate, found.gate.run.cfg
+        if g.met:
+            stdout.print(f"{g.name}: k {cfg.k}, gate_upload {calibration.toml_float(cfg.gate_upload)}, gate_verify "
+                         f"{calibration.toml_float(cfg.gate_verify)}; no cloud on {100 * g.calib.zero_cloud_share:.0f}% "
+                         f"of the calibration half, {100 * g.check.zero_cloud_share:.0f}% of the check half "
+                         f"(gate: {g.swaps} swaps, {len(g.gate.weights)} weights)", markup=False, soft_wrap=True)
+        else:
+            stdout.print(f"{g.name}: no meaning-gate setting within {g.points:g} points; not written", markup=False)
     stdout.print(f"presets: {out} · use with --presets {out}", markup=False, soft_wrap=True)
 
 
 def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],
-                  n_calib: int, n_check: int) -> Table:
+                  n_calib: int, n_check: int, gate: GateChoice | None = None) -> Table:
     chosen: dict[str, str] = {}
     for c in choices:  # one setting may be both presets ("both": keeps the table within 80 columns)
         chosen[c.run.name] = "both" if c.run.name in chosen else c.name
+    if gate is not None and gate.met:
+        chosen[gate.run.name] = gate.name
     table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
         table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True)
 
     def order(r: Run) -> tuple:
-        return (r.cfg.mode == "spec", r.cfg.k, r.cfg.threshold)
+        meaning = r.cfg.verify == "meaning"
+        return (r.cfg.mode == "spec", meaning, r.cfg.k, r.cfg.gate_upload if meaning else r.cfg.threshold,
+                r.cfg.gate_verify if meaning else 0.0)
+
+    def setting_of(r: Run) -> str:
+        f = calibration.toml_float
+        if r.cfg.mode != "spec":
+            return r.name
+        if r.cfg.verify == "meaning":  # the meaning gate's gate_upload/gate_verify (80 columns: no label)
+            return f"k {r.cfg.k} · {f(r.cfg.gate_upload)}/{f(r.cfg.gate_verify)}"
+        return f"k {r.cfg.k} · t {f(r.cfg.threshold)}"
 
     for r in sorted(runs, key=order):
         cal, chk = scored[r.name]
-        setting = f"k {r.cfg.k} · t {calibration.toml_float(r.cfg.threshold)}" if r.cfg.mode == "spec" else r.name
+        setting = setting_of(r)
         table.add_row(setting, f"{cal.call_rate:.3f}", f"{cal.quality:.1f}", f"{chk.call_rate:.3f}",
                       f"{chk.quality:.1f}", chosen.get(r.name, ""), style="bold" if r.name in chosen else None)
     return table
