@@ -32,8 +32,11 @@ from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
     from ..decoding.loop import BlockEvent
-from ..decoding.gate import DEFAULT_INSTRUCTION
 from ..presets import EXTRA_KEYS, GATE_KEYS, PRESET_KEYS, Preset
+
+# prompt.INSTRUCTION is the gate's DEFAULT_INSTRUCTION (a test checks); decoding.gate imports numpy,
+# which `specdec --help` must not load (tests/test_fast_imports.py).
+from ..prompt import INSTRUCTION as DEFAULT_INSTRUCTION
 
 ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
 UNIT = "nats"

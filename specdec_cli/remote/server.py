@@ -617,6 +617,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(CrashGuard, on_crash=on_crash, stopping=stopping.is_set)],
                     exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
+    # No redirect from `/v1/sessions/` to `/v1/sessions` (Starlette's default since that route
+    # exists): a 307 is neither an answer nor a one-line error, and no client of ours needs it.
+    app.router.redirect_slashes = False
     app.state.stopping = stopping
     app.state.sessions = sessions
     app.state.metrics = metrics
