@@ -282,10 +282,14 @@ class PairSpec:
         name = chosen.name if cfg.mode == "spec" else None
         edge, cloud = with_demo(self.edge, self.cloud)
         gate = None
-        if cfg.mode == "spec" and cfg.verify == "meaning" and self.gate is not None:
+        if cfg.mode == "spec" and self.gate is not None:
+            from .decoding.gate import active
             from .gate_presets import gate_id
 
-            gate = gate_id(self.gate)
+            # The gate the loop will decode with (decoding.gate.active): none for another
+            # instruction or system turn, so the record does not name a gate that did not decide.
+            fitted = active(cfg, self.gate)
+            gate = gate_id(fitted) if fitted is not None else None
         if self.cloud_info is not None:
             info = self.cloud_info  # as RemoteClient.model_id and .fingerprint read it
             run = RunSettings.of(cfg, name, edge, str(info.get("model", cloud.rstrip("/"))), self.dtype,

@@ -86,6 +86,8 @@ def test_another_instruction_falls_back_to_the_entropy_gate(pair):
     assert meaning.token_ids == entropy.token_ids
     assert meaning.events and all(e.gate == "entropy" and e.limit == 1.23 for e in meaning.events)
     assert [e.escalated for e in meaning.events] == [e.escalated for e in entropy.events]
+    assert meaning.settings["gate"] is None  # the record names no gate: none decided
+    assert pair.describe(CLIP, preset="frugal").settings["gate"] is not None  # the gate's own task
 
 
 def test_a_gate_fitted_on_another_tokenizer_is_not_used(tmp_path):
