@@ -428,6 +428,25 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         owner_of(request)
         return JSONResponse(document)
 
+    async def new_session(owner: int, clip: wire.Clip, cfg: Any, prompt: list[int], *, prefill: bool) -> CloudSession:
+        """A session for `clip`, registered. `prefill`: run the prompt's prefill now (an eager open);
+        else the cloud only takes the inputs and prefills lazily with the first draft (a verification)."""
+        inputs = await to_thread.run_sync(inputs_of, clip)  # decoding + features: off the event loop
+        sessions.reserve(owner)  # 503 before any model work when the server (or this token's share) is full
+        sid = secrets.token_urlsafe(16)  # 128 random bits
+
+        def build() -> CloudSession:
+            cloud = LocalCloud(hosted.model)
+            if prefill:
+                cloud.prefill(inputs)
+            else:
+                cloud.start(inputs)
+            rules = DecodingRules.build(cfg, hosted.masks, len(prompt), hosted.eos_ids)
+            return CloudSession(sid, owner, cloud, rules, len(prompt))
+        session = await in_worker(build)
+        sessions.add(session)
+        return session
+
     async def verify(request: Request) -> Response:
         started = time.perf_counter()
         owner = owner_of(request)
@@ -459,17 +478,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
         if session is None:
             assert req.clip is not None
-            inputs = await to_thread.run_sync(inputs_of, req.clip)  # decoding + features: off the event loop
-            sessions.reserve(owner)  # 503 before any model work when the server (or this token's share) is full
-            sid = secrets.token_urlsafe(16)  # 128 random bits
-
-            def open_session() -> CloudSession:
-                cloud = LocalCloud(hosted.model)
-                cloud.start(inputs)
-                rules = DecodingRules.build(cfg, hosted.masks, len(prompt), hosted.eos_ids)
-                return CloudSession(sid, owner, cloud, rules, len(prompt))
-            session = await in_worker(open_session)
-            sessions.add(session)
+            session = await new_session(owner, req.clip, cfg, prompt, prefill=False)
             sequence = prompt + list(req.pending)
         else:
             sequence = session.cloud.state.ids + list(req.pending)
@@ -530,20 +539,10 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         prompt = list(req.clip.prompt_ids)
         if len(prompt) + 1 > hosted.context:
             raise ApiError(400, "too_long", f"the prompt's {len(prompt)} tokens leave no room in the model's context")
-        inputs = await to_thread.run_sync(inputs_of, req.clip)
-        sessions.reserve(owner)
-        sid = secrets.token_urlsafe(16)
-
-        def prefilled() -> CloudSession:
-            cloud = LocalCloud(hosted.model)
-            cloud.prefill(inputs)
-            rules = DecodingRules.build(cfg, hosted.masks, len(prompt), hosted.eos_ids)
-            return CloudSession(sid, owner, cloud, rules, len(prompt))
-        session = await in_worker(prefilled)
-        sessions.add(session)
+        session = await new_session(owner, req.clip, cfg, prompt, prefill=True)
         session.last_used = time.monotonic()
         metrics.tokens.inc(session.cloud.prefill_tokens)
-        return answer(request, wire.Opened(sid, len(session.cloud), session.cloud.prefill_tokens,
+        return answer(request, wire.Opened(session.id, len(session.cloud), session.cloud.prefill_tokens,
                                            session.cloud.all_forwards))
 
     async def close(request: Request) -> Response:
