@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,15 @@ def cloud_only_measured(presets_text: str) -> tuple[float, float]:
     m = re.search(r"# cloud-only: quality ([\d.]+) calibration / ([\d.]+) check", presets_text)
     assert m, presets_text
     return float(m[1]), float(m[2])
+
+
+def heldout_clips(tmp_path_factory: pytest.TempPathFactory, clips: int, start: int) -> list[Path]:
+    """`clips` held-out demo clips (clauses never used in training) from index `start`, made with
+    espeak-ng in a fresh folder; the test skips where espeak-ng is missing."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (`make test` installs it)")
+    from specdec_cli.demo.heldout import write_heldout
+
+    out = tmp_path_factory.mktemp("heldout")
+    write_heldout(out, clips, start=start)
+    return sorted(out.glob("*.wav"))

@@ -10,10 +10,10 @@ that drafting ahead really ran, and that both of its outcomes (kept, discarded) 
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import Future
 
 import pytest
+from cli_helpers import heldout_clips
 from remote_helpers import ROOT, Server
 
 from specdec_cli.audio import load_audio
@@ -75,13 +75,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def heldout(tmp_path_factory):
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (`make test` installs it)")
-    from specdec_cli.demo.heldout import write_heldout
-
-    out = tmp_path_factory.mktemp("heldout")
-    write_heldout(out, 6, start=500)
-    return sorted(out.glob("*.wav"))
+    return heldout_clips(tmp_path_factory, 6, start=500)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import heldout_clips
 from remote_helpers import ROOT, SPECDEC, Server
 
 from specdec_cli.audio import load_audio
@@ -48,13 +49,7 @@ def remote(server):
 @pytest.fixture(scope="module")
 def heldout(tmp_path_factory):
     """Eight held-out demo clips (clauses never used in training), made with espeak-ng."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (`make test` installs it)")
-    from specdec_cli.demo.heldout import write_heldout
-
-    out = tmp_path_factory.mktemp("heldout")
-    write_heldout(out, 8, start=500)
-    return sorted(out.glob("*.wav"))
+    return heldout_clips(tmp_path_factory, 8, start=500)
 
 
 def preset(name: str) -> DecodingConfig:

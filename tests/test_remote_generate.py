@@ -9,14 +9,13 @@ request that fails alone too (the others are run again alone and answered)."""
 from __future__ import annotations
 
 import re
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from cli_helpers import heldout_clips
 from remote_helpers import Server
 
 from specdec_cli.audio import load_audio
@@ -30,13 +29,7 @@ CLIENTS = 6
 
 @pytest.fixture(scope="module")
 def heldout(tmp_path_factory) -> list[np.ndarray]:
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (`make test` installs it)")
-    from specdec_cli.demo.heldout import write_heldout
-
-    out = tmp_path_factory.mktemp("heldout")
-    write_heldout(out, CLIENTS, start=700)
-    return [load_audio(p, 16000, 30.0) for p in sorted(Path(out).glob("*.wav"))]
+    return [load_audio(p, 16000, 30.0) for p in heldout_clips(tmp_path_factory, CLIENTS, start=700)]
 
 
 def fingerprint(desc) -> tuple:
