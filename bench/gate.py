@@ -73,7 +73,7 @@ from specdec_cli.demo.heldout import write_heldout  # noqa: E402
 from specdec_cli.evaluate import read_labels  # noqa: E402
 from specdec_cli.gate_fit import fit_gate, sweep_named  # noqa: E402
 from specdec_cli.gate_presets import gate_toml, meaning_preset_lines  # noqa: E402
-from specdec_cli.models import ModelPair, load_pair  # noqa: E402
+from specdec_cli.models import ModelPair, demo_pair, load_pair  # noqa: E402
 from specdec_cli.presets import resolve  # noqa: E402
 from specdec_cli.prompt import render_prompt  # noqa: E402
 from specdec_cli.remote.wire import encode_audio, tokenizer_fingerprint  # noqa: E402
@@ -235,6 +235,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--presets-out", type=Path, help="write the supported presets + [gate] table here (TOML)")
     ap.add_argument("--trace", default="", help="measurement clips to trace under meaning-1 (comma list)")
     ap.add_argument("--trace-setting", default="", help="trace under this sweep setting instead of meaning-1")
+    ap.add_argument("--edge", type=Path, help="an edge checkpoint folder instead of the bundled demo edge")
+    ap.add_argument("--noised-edge", type=float, metavar="SCALE",
+                    help="the edge: the bundled cloud plus Gaussian noise of SCALE x each tensor's std "
+                         "(bench/link.py's noised pair)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     ks = [int(x) for x in args.ks.split(",")]
@@ -246,7 +250,11 @@ def main(argv: list[str] | None = None) -> None:
         for directory, start in zip(dirs.values(), (args.cal_start, args.meas_start), strict=True):
             if not (directory / "labels.jsonl").is_file():
                 write_heldout(directory, args.clips, start)
-        pair = load_pair()
+        edge = args.edge
+        if args.noised_edge is not None:
+            from link import noised_copy  # bench/link.py, beside this file
+            edge = noised_copy(Path(demo_pair()[1]), Path(tmp) / "noised-edge", args.noised_edge)
+        pair = load_pair(str(edge) if edge else None)
         sets = {name: ClipSet(pair, d) for name, d in dirs.items()}
 
     base = DecodingConfig()
@@ -298,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     cal_rows = rows_for(scores(cal_fixed), scores(cal_sweep))
     meas_rows = rows_for(scores(meas_fixed), scores(meas_picked))
     result: dict[str, Any] = {
+        "edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
+                 if args.noised_edge is not None else str(args.edge or "the bundled demo edge")),
         "clips": {"calibration": f"held-out {args.cal_start}..{args.cal_start + args.clips - 1}",
                   "measurement": f"held-out {args.meas_start}..{args.meas_start + args.clips - 1}"},
         "gate": {"weights": len(gate.weights), "swaps": len(swaps), "swaps_changed": sum(s.changed for s in swaps),

@@ -1,0 +1,275 @@
+"""Does the edge know when its answer is wrong? The bound on any gate that reads the edge (issue 26).
+
+A clip can stay on the device only on the edge's word. Whatever the gate computes from the edge
+(token entropies, the meaning gate's mass, a learned head), it ranks clips by how sure the edge is;
+keeping the surest n % on the device costs, in accuracy, what the edge gets wrong on those clips.
+This bench measures that bound directly, with no gate thresholds in between:
+
+    python bench/gate_signal.py [--work DIR] [--clips 48] [--cal-start 200] [--meas-start 300]
+                                [--noised-edge SCALE] [--json out.json]
+
+For each clip of two held-out sets (`python -m specdec_cli.demo.heldout`, as bench/gate.py makes
+them): the edge's greedy answer and cloud-only's, both scored against the labels; and three
+edge-side signals of how sure the edge is of its answer, higher = surer:
+
+* `confidence`: the answer's greedy log-likelihood under the rules, Σ_j log max_v p_j(v);
+* `meaning`: minus the answer's meaning mass Σ_j m_j under the pair's fitted `[gate]` table
+  (decoding/gate.py; absent when the presets files hold none that applies);
+* `probe`: a linear head (logistic regression, fit_probe) on the mean of the edge's last hidden
+  states over its answer, its confidence and its length, trained to tell the clips whose answer is
+  as accurate as cloud-only's: fitted on the calibration set (or on `--probe-clips` other held-out
+  clips) and scored on the measurement set; on the calibration set, 8-fold cross-validated;
+* `consistency`: the share of 4 perturbed copies of the clip (white noise at 30 dB SNR, twice;
+  10–100 ms of leading silence, twice: changes that leave every attribute as it was) on which the
+  edge's answer says the same (gate_fit.text_outcome) — semantic entropy over inputs, not samples.
+
+Per set and signal: the AUC for "the edge's answer is as accurate as cloud-only's" (0.5 = the
+signal knows nothing), and the frontier: keep the surest 10 / 20 / 30 % of clips on the edge
+(their answer is the edge's, every other clip's is cloud-only's — the best a lossless escalation
+can give them) and report the accuracy against cloud-only, in points; `oracle` ranks by the truth.
+A gate cannot do better than its signal's frontier; issue 26's goal needs ≥ 20 % kept within 1
+point. `--noised-edge SCALE` measures the noised pair of bench/link.py instead of the bundled one
+(the cloud's weights plus SCALE x each tensor's std of noise: an edge whose doubts are the cloud's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from gate import ClipSet, decode, text_of  # noqa: E402  (bench/gate.py, beside this file)
+
+from specdec_cli.audio import load_audio  # noqa: E402
+from specdec_cli.calibrate import label_accuracy  # noqa: E402
+from specdec_cli.decoding import DecodingConfig  # noqa: E402
+from specdec_cli.decoding.batch_loop import generate_batch  # noqa: E402
+from specdec_cli.decoding.gate import MeaningGate  # noqa: E402
+from specdec_cli.decoding.processors import DecodingRules  # noqa: E402
+from specdec_cli.decoding.state import ModelState  # noqa: E402
+from specdec_cli.demo.heldout import write_heldout  # noqa: E402
+from specdec_cli.evaluate import read_labels  # noqa: E402
+from specdec_cli.gate_fit import text_outcome  # noqa: E402
+from specdec_cli.gate_presets import load_gate  # noqa: E402
+from specdec_cli.models import ModelPair, demo_pair, load_pair  # noqa: E402
+from specdec_cli.prompt import render_prompt  # noqa: E402
+from specdec_cli.remote.wire import tokenizer_fingerprint  # noqa: E402
+
+SHARES = (0.1, 0.2, 0.3)
+
+
+def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
+    """P(a positive clip scores above a negative one), ties counting half (Mann-Whitney); None when
+    one class is empty."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(positive, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if not len(pos) or not len(neg):
+        return None
+    above = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(above / (len(pos) * len(neg)))
+
+
+def frontier(scores: Sequence[float], edge_acc: Sequence[float], cloud_acc: Sequence[float],
+             shares: Sequence[float] = SHARES) -> dict[str, float]:
+    """Accuracy against cloud-only, in points, when the surest round(share·n) clips keep the edge's
+    answer and every other clip gets cloud-only's (ties: the earlier clip first)."""
+    edge, cloud = np.asarray(edge_acc, dtype=float), np.asarray(cloud_acc, dtype=float)
+    order = sorted(range(len(edge)), key=lambda i: (-scores[i], i))
+    out = {}
+    for share in shares:
+        kept = order[:round(share * len(edge))]
+        mixed = cloud.copy()
+        mixed[kept] = edge[kept]
+        out[f"{share:.0%}"] = round(100 * float(mixed.mean() - cloud.mean()), 2)
+    return out
+
+
+@torch.inference_mode()
+def answer_signals(pair: ModelPair, inputs: Any, answer: list[int], cfg: DecodingConfig,
+                   gate: MeaningGate | None) -> tuple[float, float | None, np.ndarray]:
+    """(Σ log max p, −Σ m, the mean of the edge's last hidden states) over the edge's answer,
+    teacher-forced (one forward), under the rules."""
+    edge = ModelState(pair.edge, "edge")
+    hidden: list[torch.Tensor] = []  # the LM head's inputs: the rows the logits come from
+    hook = pair.edge.get_output_embeddings().register_forward_hook(lambda _m, a, _o: hidden.append(a[0][0, -1:]
+                                                                                                 if not hidden else a[0][0]))
+    try:
+        first = edge.prefill(inputs)
+        prompt = list(edge.ids)
+        rows = torch.cat([first[None], edge.advance(answer)]) if answer else first[None]
+    finally:
+        hook.remove()
+    states = torch.cat(hidden)[: max(len(answer), 1)].float().mean(0).numpy()
+    rules = DecodingRules.build(cfg, pair.masks, len(prompt), pair.eos_ids)
+    confidence, mass = 0.0, 0.0
+    for j, token in enumerate(answer):
+        p = torch.softmax(rules.process_ids(prompt + answer[:j], rows[j], warp=False).double(), dim=-1)
+        confidence += float(torch.log(p.max()))
+        if gate is not None:
+            mass += gate.score(p.numpy(), token)
+    return confidence, (-mass if gate is not None else None), states
+
+
+def fit_probe(features: np.ndarray, good: Sequence[bool], l2: float = 1.0) -> Any:
+    """A linear head on clip features (Judge Decoding's idea at clip level): logistic regression
+    with an L2 penalty of `l2` per clip, fitted with torch's L-BFGS; returns features -> score.
+    (scikit-learn would do the same; it is not a dependency, and this is ten lines.)"""
+    mu, sd = features.mean(0), features.std(0) + 1e-6
+    x = torch.tensor((features - mu) / sd, dtype=torch.float64)
+    y = torch.tensor(np.asarray(good, dtype=float))
+    w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=300)
+
+    def loss() -> torch.Tensor:
+        opt.zero_grad()
+        value = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y) + l2 * (w ** 2).sum() / len(y)
+        value.backward()
+        return value
+
+    opt.step(loss)
+    weights, bias = w.detach().numpy(), float(b.detach())
+    return lambda f: ((f - mu) / sd) @ weights + bias
+
+
+def perturbed(audio: np.ndarray, rate: int, seed: int) -> list[np.ndarray]:
+    """Four copies that say the same about the speaker: white noise at 30 dB SNR (two seeds), and
+    10–100 ms of leading silence (two lengths)."""
+    rng = np.random.default_rng(seed)
+    power = float(np.mean(audio.astype(np.float64) ** 2)) or 1e-12
+    noisy = [(audio + rng.standard_normal(len(audio)) * np.sqrt(power / 1e3)).astype(np.float32) for _ in range(2)]
+    shifted = [np.concatenate([np.zeros(int(rng.integers(rate // 100, rate // 10)), np.float32), audio])
+               for _ in range(2)]
+    return noisy + shifted
+
+
+def cross_validated(features: np.ndarray, good: Sequence[bool], folds: int = 8) -> list[float]:
+    """Out-of-fold probe scores: each clip scored by a head fitted on the other folds (clips dealt
+    round-robin), so the calibration set's figure is not the head's fit to itself."""
+    scores = [0.0] * len(good)
+    for fold in range(folds):
+        test = list(range(fold, len(good), folds))
+        train = [i for i in range(len(good)) if i % folds != fold]
+        if not test or len({good[i] for i in train}) < 2:
+            continue
+        head = fit_probe(features[train], [good[i] for i in train])
+        for i, value in zip(test, head(features[test]), strict=True):
+            scores[i] = float(value)
+    return scores
+
+
+def measure(pair: ModelPair, directory: Path, gate: MeaningGate | None, batch: int,
+            probe: Any = None) -> tuple[dict[str, Any], np.ndarray, list[bool]]:
+    """The set's figures, its clips' probe features and which clips' edge answers are as accurate
+    as cloud-only's. `probe`: a fitted head (fit_probe on another set) to score as a fourth signal."""
+    cfg = DecodingConfig()
+    clips = ClipSet(pair, directory)
+    edge = decode(pair, clips, cfg.with_(mode="edge"), None, batch)
+    cloud = decode(pair, clips, cfg.with_(mode="cloud"), None, batch)
+    edge_text = [text_of(pair, r.tokens) for r in edge]
+    edge_acc = [label_accuracy(t, lab) for t, lab in zip(edge_text, clips.labels, strict=True)]
+    cloud_acc = [label_accuracy(text_of(pair, r.tokens), lab) for r, lab in zip(cloud, clips.labels, strict=True)]
+    signals: dict[str, list[float]] = {"confidence": [], "meaning": []}
+    features = []
+    for inputs, r in zip(clips.inputs, edge, strict=True):
+        conf, meaning, states = answer_signals(pair, inputs, [int(t) for t in r.tokens], cfg, gate)
+        signals["confidence"].append(conf)
+        features.append(np.concatenate([states, [conf, len(r.tokens)]]))
+        signals["meaning"].append(meaning if meaning is not None else float("nan"))
+    if gate is None:
+        del signals["meaning"]
+    # consistency: the edge on perturbed copies, batched like the edge-only run
+    rate = pair.processor.sampling_rate
+    labelled = read_labels(directory / "labels.jsonl", directory)
+    copies = [(i, c, pair.processor(a, render_prompt()).to(pair.edge.device))
+              for i, clip in enumerate(labelled)
+              for c, a in enumerate(perturbed(load_audio(clip.path, rate, pair.processor.max_seconds), rate, i))]
+    said = {key: text_outcome(text_of(pair, r.tokens))
+            for key, r in generate_batch(pair.edge, [((i, c), x) for i, c, x in copies], cfg.with_(mode="edge"),
+                                         pair.masks, pair.eos_ids, batch)}
+    signals["consistency"] = [sum(said[(i, c)] == text_outcome(edge_text[i]) for c in range(4)) / 4
+                              for i in range(len(labelled))]
+    good = [e >= c for e, c in zip(edge_acc, cloud_acc, strict=True)]
+    if probe is not None:
+        signals["probe"] = [float(v) for v in probe(np.array(features))]
+    oracle = [e - c for e, c in zip(edge_acc, cloud_acc, strict=True)]
+    return {
+        "clips": len(good),
+        "edge_accuracy": round(100 * float(np.mean(edge_acc)), 2),
+        "cloud_accuracy": round(100 * float(np.mean(cloud_acc)), 2),
+        "edge_as_good_as_cloud": int(sum(good)),
+        "signals": {name: {"auc": auc(s, good), "kept_vs_cloud_points": frontier(s, edge_acc, cloud_acc)}
+                    for name, s in signals.items()},
+        "oracle": {"kept_vs_cloud_points": frontier(oracle, edge_acc, cloud_acc)},
+        "_edge_acc": edge_acc, "_cloud_acc": cloud_acc,  # for main's cross-validated probe; not reported
+    }, np.array(features), good
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, help="folder for the clips (default: a temporary one)")
+    ap.add_argument("--clips", type=int, default=48)
+    ap.add_argument("--cal-start", type=int, default=200)
+    ap.add_argument("--meas-start", type=int, default=300)
+    ap.add_argument("--noised-edge", type=float, metavar="SCALE", help="the noised pair (bench/link.py's)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--probe-clips", type=int, default=0,
+                    help="fit the probe on this many other held-out clips instead of the calibration set")
+    ap.add_argument("--probe-start", type=int, default=400)
+    ap.add_argument("--json", type=Path, help="write the results here (JSON; default: stdout)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        dirs = {"calibration": work / "cal", "measurement": work / "meas"}
+        for directory, start in zip(dirs.values(), (args.cal_start, args.meas_start), strict=True):
+            if not (directory / "labels.jsonl").is_file():
+                write_heldout(directory, args.clips, start)
+        edge = None
+        if args.noised_edge is not None:
+            from link import noised_copy  # bench/link.py, beside this file
+
+            edge = str(noised_copy(Path(demo_pair()[1]), Path(tmp) / "noised-edge", args.noised_edge))
+        pair = load_pair(edge)
+        gate = load_gate(pair.presets_file, tokenizer_fingerprint(pair.tokenizer))
+        result = {"edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
+                           if args.noised_edge is not None else "the bundled demo edge"),
+                  "gate": "the presets file's [gate] table" if gate is not None else None,
+                  "probe": (f"fitted on {args.probe_clips} other held-out clips from {args.probe_start}"
+                            if args.probe_clips else "fitted on the calibration set's clips")
+                  + ", scored on the measurement set's; on the calibration set: 8-fold cross-validated"}
+        result["calibration"], features, good = measure(pair, dirs["calibration"], gate, args.batch_size)
+        part = result["calibration"]
+        folds = cross_validated(features, good)
+        part["signals"]["probe"] = {"auc": auc(folds, good),
+                                    "kept_vs_cloud_points": frontier(folds, part.pop("_edge_acc"), part.pop("_cloud_acc"))}
+        if args.probe_clips:
+            probe_dir = work / "probe"
+            if not (probe_dir / "labels.jsonl").is_file():
+                write_heldout(probe_dir, args.probe_clips, args.probe_start)
+            _, features, good = measure(pair, probe_dir, gate, args.batch_size)
+        result["measurement"], _, _ = measure(pair, dirs["measurement"], gate, args.batch_size,
+                                              fit_probe(features, good))
+        for part in (result["calibration"], result["measurement"]):
+            part.pop("_edge_acc", None)
+            part.pop("_cloud_acc", None)
+    text = json.dumps(result, indent=1, ensure_ascii=False)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
