@@ -18,8 +18,8 @@ work only, at most MAX_SWAPS per clip), for the task these settings describe (th
 instruction and system turn; any other task decodes with the entropy gate). Per k a
 never-escalating meaning run sets the gate_upload x gate_verify grid (gate_fit.sweep_named), and
 `frugal` is the cheapest meaning setting by the cloud's work per clip (a clip that goes up at all
-pays its prefill) within `fluent_points`, with one standard error of margin
-(calibration_objective.choose); written with the `[gate]` table only when one qualifies.
+pays its prefill) within `fluent_points`, with `margin` standard errors of margin (1 by default,
+`--margin`; calibration_objective.choose); written with the `[gate]` table only when one qualifies.
 
 Quality, in points (0–100):
 * with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores);
@@ -143,8 +143,8 @@ class Choice:
 @dataclass(frozen=True)
 class GateChoice:
     """The meaning-gate preset (`frugal`): the cheapest meaning setting by the cloud's work per clip
-    (calibration_objective.choose, z = 1) within `points` of cloud-only; `met` False: none was, and
-    the file gets neither the preset nor the gate. `swaps` / `changed`: what the gate was fitted on."""
+    (calibration_objective.choose, z = `margin`: --margin, 1 by default) within `points` of
+    cloud-only; `met` False: none was, and the file gets neither the preset nor the gate. `swaps` / `changed`: what the gate was fitted on."""
 
     name: str
     points: float
@@ -156,6 +156,7 @@ class GateChoice:
     swaps: int
     changed: int
     fallback_threshold: float  # the entropy threshold it keeps for another task (fluent's)
+    margin: float = 1.0        # the standard errors of margin it was chosen with (--margin)
 
 
 def _gate_comment(half: str, s: SettingScore) -> str:
@@ -170,9 +171,10 @@ def gate_presets_toml(g: GateChoice, n_calib: int) -> str:
     if not g.met:
         return ""
     cfg = g.run.cfg
+    by = f"specdec calibrate --margin {g.margin:g}" if g.margin != 1.0 else "specdec calibrate"
     lines = meaning_preset_lines(
         g.name, f"cheapest within {g.points:g} point(s) of cloud-only on the meaning gate, counting clips that go up "
-        "(specdec calibrate)", cfg.k, cfg.uncertainty, g.fallback_threshold, cfg.gate_upload, cfg.gate_verify,
+        f"({by})", cfg.k, cfg.uncertainty, g.fallback_threshold, cfg.gate_upload, cfg.gate_verify,
         [_gate_comment("calibration", g.calib), _gate_comment("check", g.check)])
     about = (f"fitted by specdec calibrate on {n_calib} clips ({g.swaps} self-labelled swaps, {g.changed} changed "
              "what the sentence says)")
@@ -279,7 +281,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               max_new_tokens: int = 64, batch_size: int = 8, settings: dict[str, Any] | None = None,
               quality_points: float = 1.0,
               fluent_points: float = 3.0, progress: Progress | None = None, gate: bool = True,
-              max_swaps: int = MAX_SWAPS) -> Calibration:
+              max_swaps: int = MAX_SWAPS, margin: float = 1.0) -> Calibration:
     """Run cloud-only, edge-only and the threshold x k sweep over the clips, pick the presets on the
     calibration half and score them on the check half (see the module doc). `settings`: explicit
     decoding settings every run shares (sampling, the prompt). A clip that fails stops the
@@ -288,7 +290,9 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     `gate`: also fit the meaning gate on the calibration half (gate_fit.fit_gate on the edge-only
     answers, at most `max_swaps` swaps per clip: edge-only work) for the task these settings
     describe, sweep k x gate_upload x gate_verify (gate_fit.sweep) and choose `frugal`, the cheapest
-    meaning setting by cloud work per clip within `fluent_points` (calibration_objective.choose)."""
+    meaning setting by cloud work per clip within `fluent_points` (calibration_objective.choose),
+    keeping `margin` standard errors of the calibration half's quality gap (its z; 0: the plain
+    rule)."""
     from .describe import describe_many
     from .evaluate import warm_up
 
@@ -395,10 +399,12 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
             return [clip_cost(r.stats[i], quality_of(i, r.texts[i])) for i in idx]
 
         by_name = {r.name: r for r in meaning}
-        name, _, met = choose([(r.name, costs(r, calib)) for r in meaning], costs(cloud_run, calib), fluent_points)
+        name, _, met = choose([(r.name, costs(r, calib)) for r in meaning], costs(cloud_run, calib), fluent_points,
+                              z=margin)
         r = by_name[name]
         gate_choice = GateChoice("frugal", fluent_points, r, score_clips(costs(r, calib)), score_clips(costs(r, check)),
-                                 met, fitted, len(swaps), sum(w.changed for w in swaps), choices[1].run.cfg.threshold)
+                                 met, fitted, len(swaps), sum(w.changed for w in swaps), choices[1].run.cfg.threshold,
+                                 margin)
 
     header = [f"Presets written by `specdec calibrate` (specdec {__version__}, {time.strftime('%Y-%m-%d')}).",
               f"edge: {_shown(pair.models.edge_id)}", f"cloud: {_shown(pair.models.cloud_id)}",

@@ -138,3 +138,26 @@ def test_no_gate_writes_no_gate_table(tmp_path, clips):
     assert set(data) == {"quality", "fluent"}
     assert "frugal" not in result.stdout and "meaning gate" not in out.read_text(encoding="utf-8")
     assert not math.isnan(data["fluent"]["threshold"])
+
+
+def test_margin_is_the_objectives_z_for_frugal(tmp_path, clips, monkeypatch):
+    """`--margin Z` reaches the objective as z for frugal, once (the entropy presets keep their own
+    rule), and the written preset says how it was chosen; within 100 points every setting qualifies
+    at z = 0, so frugal is written. A negative margin is refused in one line."""
+    import specdec_cli.calibrate as calibration
+
+    seen = []
+
+    def recording(candidates, reference, points, z=1.0, **kw):
+        seen.append((points, z))
+        return choose(candidates, reference, points, z=z, **kw)
+
+    monkeypatch.setattr(calibration, "choose", recording)
+    out = tmp_path / "p.toml"
+    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--margin", "0", "--fluent-points", "100")
+    assert result.exit_code == 0, result.stderr
+    assert seen == [(100.0, 0.0)]
+    text = out.read_text(encoding="utf-8")
+    assert "[frugal]" in text and "(specdec calibrate --margin 0)" in text
+    bad = invoke("calibrate", str(clips), "--out", str(tmp_path / "q.toml"), *FAST, "--margin", "-1")
+    assert bad.exit_code == 2 and "Traceback" not in bad.output

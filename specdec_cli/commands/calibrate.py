@@ -66,6 +66,9 @@ def calibrate(
         "--gate/--no-gate", help="Also fit the meaning gate on the calibration half (edge-only work), sweep its "
         "two thresholds and write a frugal preset with the [gate] table when one is within --fluent-points. "
         "--no-gate: the entropy presets only (fewer decodes).")] = True,
+    margin: Annotated[float, typer.Option(
+        min=0, help="frugal keeps this many standard errors of the calibration half's accuracy gap inside "
+        "--fluent-points (0: the plain rule; more: a setting must beat the budget by more to be chosen).")] = 1.0,
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Clips decoded together by the speculative runs (the same tokens as one at a "
         "time; see `specdec batch --batch-size`).")] = 8,
@@ -101,7 +104,8 @@ def calibrate(
         found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
                                       percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
                                       batch_size=batch_size, settings=base, quality_points=quality_points,
-                                      fluent_points=fluent_points, progress=_Bar(progress), gate=gate)
+                                      fluent_points=fluent_points, progress=_Bar(progress), gate=gate,
+                                      margin=margin)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(found.toml, encoding="utf-8")
