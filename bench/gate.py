@@ -86,6 +86,7 @@ class ClipSet:
         clips = read_labels(directory / "labels.jsonl", directory)
         rate = pair.processor.sampling_rate
         audios = [load_audio(c.path, rate, pair.processor.max_seconds) for c in clips]
+        self.audios = audios
         self.names = [c.file for c in clips]
         self.labels = [c.labels for c in clips]
         # The thinker inputs for the default task, as `specdec describe` builds them.
@@ -105,6 +106,27 @@ def decode(pair: ModelPair, clips: ClipSet, cfg: DecodingConfig, gate: MeaningGa
     for i, result in got:
         out[i] = result
     return out
+
+
+def clip_dirs(work: Path, clips: int, cal_start: int, meas_start: int) -> dict[str, Path]:
+    """The calibration and measurement folders under `work` (`cal`, `meas`), each holding `clips`
+    held-out clips from its start (synthesised unless a labels.jsonl is already there)."""
+    dirs = {"calibration": work / "cal", "measurement": work / "meas"}
+    for directory, start in zip(dirs.values(), (cal_start, meas_start), strict=True):
+        if not (directory / "labels.jsonl").is_file():
+            write_heldout(directory, clips, start)
+    return dirs
+
+
+def bench_pair(edge: Path | None, noised: float | None, tmp: Path) -> ModelPair:
+    """The pair a bench measures: the bundled demo pair, with `edge` (a checkpoint folder) or the
+    noised pair's edge (bench/link.py: the bundled cloud plus `noised` x each tensor's std of noise,
+    written under `tmp`) in place of the demo edge."""
+    if noised is not None:
+        from link import noised_copy  # bench/link.py, beside this file
+
+        edge = noised_copy(Path(demo_pair()[1]), tmp / "noised-edge", noised)
+    return load_pair(str(edge) if edge else None)
 
 
 def text_of(pair: ModelPair, ids: list[int]) -> str:
@@ -245,16 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.work or Path(tmp)
-        dirs = {"calibration": work / "cal", "measurement": work / "meas"}
-        for directory, start in zip(dirs.values(), (args.cal_start, args.meas_start), strict=True):
-            if not (directory / "labels.jsonl").is_file():
-                write_heldout(directory, args.clips, start)
-        edge = args.edge
-        if args.noised_edge is not None:
-            from link import noised_copy  # bench/link.py, beside this file
-            edge = noised_copy(Path(demo_pair()[1]), Path(tmp) / "noised-edge", args.noised_edge)
-        pair = load_pair(str(edge) if edge else None)
+        dirs = clip_dirs(args.work or Path(tmp), args.clips, args.cal_start, args.meas_start)
+        pair = bench_pair(args.edge, args.noised_edge, Path(tmp))
         sets = {name: ClipSet(pair, d) for name, d in dirs.items()}
 
     base = DecodingConfig()

@@ -40,7 +40,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -49,9 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gate import ClipSet, decode, text_of  # noqa: E402  (bench/gate.py, beside this file)
+from gate import ClipSet, bench_pair, clip_dirs, decode, text_of  # noqa: E402  (bench/gate.py, beside this file)
 
-from specdec_cli.audio import load_audio  # noqa: E402
 from specdec_cli.calibrate import label_accuracy  # noqa: E402
 from specdec_cli.decoding import DecodingConfig  # noqa: E402
 from specdec_cli.decoding.batch_loop import generate_batch  # noqa: E402
@@ -59,10 +58,9 @@ from specdec_cli.decoding.gate import MeaningGate  # noqa: E402
 from specdec_cli.decoding.processors import DecodingRules  # noqa: E402
 from specdec_cli.decoding.state import ModelState  # noqa: E402
 from specdec_cli.demo.heldout import write_heldout  # noqa: E402
-from specdec_cli.evaluate import read_labels  # noqa: E402
 from specdec_cli.gate_fit import text_outcome  # noqa: E402
 from specdec_cli.gate_presets import load_gate  # noqa: E402
-from specdec_cli.models import ModelPair, demo_pair, load_pair  # noqa: E402
+from specdec_cli.models import ModelPair  # noqa: E402
 from specdec_cli.prompt import render_prompt  # noqa: E402
 from specdec_cli.remote.wire import tokenizer_fingerprint  # noqa: E402
 
@@ -102,16 +100,16 @@ def answer_signals(pair: ModelPair, inputs: Any, answer: list[int], cfg: Decodin
     """(Σ log max p, −Σ m, the mean of the edge's last hidden states) over the edge's answer,
     teacher-forced (one forward), under the rules."""
     edge = ModelState(pair.edge, "edge")
-    hidden: list[torch.Tensor] = []  # the LM head's inputs: the rows the logits come from
-    hook = pair.edge.get_output_embeddings().register_forward_hook(lambda _m, a, _o: hidden.append(a[0][0, -1:]
-                                                                                                 if not hidden else a[0][0]))
+    hidden: list[torch.Tensor] = []  # per forward, the LM head's inputs: the rows its logits come from
+    hook = pair.edge.get_output_embeddings().register_forward_hook(lambda _m, a, _o: hidden.append(a[0][0]))
     try:
         first = edge.prefill(inputs)
         prompt = list(edge.ids)
         rows = torch.cat([first[None], edge.advance(answer)]) if answer else first[None]
     finally:
         hook.remove()
-    states = torch.cat(hidden)[: max(len(answer), 1)].float().mean(0).numpy()
+    # the prefill's last row predicts answer[0], the answer's rows the rest (its last row: what follows)
+    states = torch.cat([hidden[0][-1:], *hidden[1:]])[: max(len(answer), 1)].float().mean(0).numpy()
     rules = DecodingRules.build(cfg, pair.masks, len(prompt), pair.eos_ids)
     confidence, mass = 0.0, 0.0
     for j, token in enumerate(answer):
@@ -170,10 +168,21 @@ def cross_validated(features: np.ndarray, good: Sequence[bool], folds: int = 8) 
     return scores
 
 
+class Measured(NamedTuple):
+    """One set's figures (the JSON's part), and per clip: the probe's features, whether the edge's
+    answer is as accurate as cloud-only's, and both accuracies."""
+
+    report: dict[str, Any]
+    features: np.ndarray
+    good: list[bool]
+    edge_acc: list[float]
+    cloud_acc: list[float]
+
+
 def measure(pair: ModelPair, directory: Path, gate: MeaningGate | None, batch: int,
-            probe: Any = None) -> tuple[dict[str, Any], np.ndarray, list[bool]]:
-    """The set's figures, its clips' probe features and which clips' edge answers are as accurate
-    as cloud-only's. `probe`: a fitted head (fit_probe on another set) to score as a fourth signal."""
+            probe: Any = None) -> Measured:
+    """One set of clips. `probe`: a fitted head (fit_probe on another set) to score as a fourth
+    signal."""
     cfg = DecodingConfig()
     clips = ClipSet(pair, directory)
     edge = decode(pair, clips, cfg.with_(mode="edge"), None, batch)
@@ -192,20 +201,18 @@ def measure(pair: ModelPair, directory: Path, gate: MeaningGate | None, batch: i
         del signals["meaning"]
     # consistency: the edge on perturbed copies, batched like the edge-only run
     rate = pair.processor.sampling_rate
-    labelled = read_labels(directory / "labels.jsonl", directory)
     copies = [(i, c, pair.processor(a, render_prompt()).to(pair.edge.device))
-              for i, clip in enumerate(labelled)
-              for c, a in enumerate(perturbed(load_audio(clip.path, rate, pair.processor.max_seconds), rate, i))]
+              for i, audio in enumerate(clips.audios) for c, a in enumerate(perturbed(audio, rate, i))]
     said = {key: text_outcome(text_of(pair, r.tokens))
             for key, r in generate_batch(pair.edge, [((i, c), x) for i, c, x in copies], cfg.with_(mode="edge"),
                                          pair.masks, pair.eos_ids, batch)}
     signals["consistency"] = [sum(said[(i, c)] == text_outcome(edge_text[i]) for c in range(4)) / 4
-                              for i in range(len(labelled))]
+                              for i in range(len(clips.audios))]
     good = [e >= c for e, c in zip(edge_acc, cloud_acc, strict=True)]
     if probe is not None:
         signals["probe"] = [float(v) for v in probe(np.array(features))]
     oracle = [e - c for e, c in zip(edge_acc, cloud_acc, strict=True)]
-    return {
+    report = {
         "clips": len(good),
         "edge_accuracy": round(100 * float(np.mean(edge_acc)), 2),
         "cloud_accuracy": round(100 * float(np.mean(cloud_acc)), 2),
@@ -213,8 +220,8 @@ def measure(pair: ModelPair, directory: Path, gate: MeaningGate | None, batch: i
         "signals": {name: {"auc": auc(s, good), "kept_vs_cloud_points": frontier(s, edge_acc, cloud_acc)}
                     for name, s in signals.items()},
         "oracle": {"kept_vs_cloud_points": frontier(oracle, edge_acc, cloud_acc)},
-        "_edge_acc": edge_acc, "_cloud_acc": cloud_acc,  # for main's cross-validated probe; not reported
-    }, np.array(features), good
+    }
+    return Measured(report, np.array(features), good, edge_acc, cloud_acc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,16 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
-        dirs = {"calibration": work / "cal", "measurement": work / "meas"}
-        for directory, start in zip(dirs.values(), (args.cal_start, args.meas_start), strict=True):
-            if not (directory / "labels.jsonl").is_file():
-                write_heldout(directory, args.clips, start)
-        edge = None
-        if args.noised_edge is not None:
-            from link import noised_copy  # bench/link.py, beside this file
-
-            edge = str(noised_copy(Path(demo_pair()[1]), Path(tmp) / "noised-edge", args.noised_edge))
-        pair = load_pair(edge)
+        dirs = clip_dirs(work, args.clips, args.cal_start, args.meas_start)
+        pair = bench_pair(None, args.noised_edge, Path(tmp))
         gate = load_gate(pair.presets_file, tokenizer_fingerprint(pair.tokenizer))
         result = {"edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
                            if args.noised_edge is not None else "the bundled demo edge"),
@@ -250,21 +249,18 @@ def main(argv: list[str] | None = None) -> None:
                   "probe": (f"fitted on {args.probe_clips} other held-out clips from {args.probe_start}"
                             if args.probe_clips else "fitted on the calibration set's clips")
                   + ", scored on the measurement set's; on the calibration set: 8-fold cross-validated"}
-        result["calibration"], features, good = measure(pair, dirs["calibration"], gate, args.batch_size)
-        part = result["calibration"]
-        folds = cross_validated(features, good)
-        part["signals"]["probe"] = {"auc": auc(folds, good),
-                                    "kept_vs_cloud_points": frontier(folds, part.pop("_edge_acc"), part.pop("_cloud_acc"))}
+        cal = measure(pair, dirs["calibration"], gate, args.batch_size)
+        folds = cross_validated(cal.features, cal.good)
+        cal.report["signals"]["probe"] = {"auc": auc(folds, cal.good),
+                                          "kept_vs_cloud_points": frontier(folds, cal.edge_acc, cal.cloud_acc)}
+        train = cal
         if args.probe_clips:
             probe_dir = work / "probe"
             if not (probe_dir / "labels.jsonl").is_file():
                 write_heldout(probe_dir, args.probe_clips, args.probe_start)
-            _, features, good = measure(pair, probe_dir, gate, args.batch_size)
-        result["measurement"], _, _ = measure(pair, dirs["measurement"], gate, args.batch_size,
-                                              fit_probe(features, good))
-        for part in (result["calibration"], result["measurement"]):
-            part.pop("_edge_acc", None)
-            part.pop("_cloud_acc", None)
+            train = measure(pair, probe_dir, gate, args.batch_size)
+        meas = measure(pair, dirs["measurement"], gate, args.batch_size, fit_probe(train.features, train.good))
+        result["calibration"], result["measurement"] = cal.report, meas.report
     text = json.dumps(result, indent=1, ensure_ascii=False)
     if args.json:
         args.json.write_text(text + "\n")
