@@ -138,7 +138,7 @@ def test_identity_counts_add_up(tiny):
     i = report["identity"]
     assert i["prompts"] == report["plan"]["identity_prompts"] and "stopped" not in i
     assert i["prompts"] == i["identical"] + i["divergent"]
-    assert i["divergent"] == len(i["divergences"]) == len(i["positions"])
+    assert i["divergent"] == len(i["divergences"]) == len(i["positions"]) == i["near_ties"] + i["not_near_ties"]
     assert 0 < i["tokens_compared"] <= i["prompts"] * i["max_new_tokens"]
     for d in i["divergences"]:
         assert 0 <= d["position"] <= min(d["cloud_only_tokens"], d["spec_tokens"])
@@ -247,3 +247,36 @@ def test_quick_run_on_cuda(tmp_path):
     if "identity" in report:
         i = report["identity"]
         assert i["prompts"] == i["identical"] + i["divergent"] == len(i["divergences"]) + i["identical"]
+
+
+def test_first_divergence():
+    gpu = bench_module("gpu")
+    assert gpu.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert gpu.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert gpu.first_divergence([1, 2], [1, 2, 3]) == 2 and gpu.first_divergence([1, 2, 3], [1, 2]) == 2
+    assert gpu.first_divergence([], [4]) == 0
+
+
+def test_gap_at_reads_the_logits_of_a_plain_full_forward():
+    """The top-2 gap logged at a divergence equals the one from the thinker's own forward over the
+    whole prompt + prefix (the oracle: no cache, no ModelState)."""
+    from transformers import WhisperFeatureExtractor
+
+    from specdec_cli.processor import AudioTextProcessor
+
+    gpu = bench_module("gpu")
+    tok = gpu.tokenizer_for(True)
+    model = gpu.build_thinker(gpu.thinker_config("7b", tok, True), "cpu", torch.float32, 0)
+    processor = AudioTextProcessor(tok, WhisperFeatureExtractor(feature_size=128, sampling_rate=16000))
+    x = gpu.clip_inputs(processor, 1, seed=3, device="cpu")
+    prefix = gpu._text_ids(model, (3,), torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        model.model.rope_deltas = None
+        ids = torch.cat([x["input_ids"], torch.tensor([prefix])], dim=1)
+        row = model(input_ids=ids, attention_mask=torch.ones_like(ids), input_features=x["input_features"],
+                    feature_attention_mask=x["feature_attention_mask"]).logits[0, -1]
+    top = row.topk(2)
+    got = gpu.gap_at(model, x, prefix, int(top.indices[1]), int(top.indices[0]))
+    assert got["top2_gap"] == pytest.approx(float(top.values[0] - top.values[1]), abs=1e-4)
+    assert got["cloud_only_minus_spec_logit"] == pytest.approx(got["top2_gap"], abs=1e-4) and got["both_in_top2"]
+    assert got["gap_in_rounding_steps"] > 0 and got["rounding_step"] < 1e-4  # float32 steps are tiny
