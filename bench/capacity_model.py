@@ -3,7 +3,7 @@ shapes, cloud-only (continuously batched) against speculative presets (verificat
 
     python bench/capacity_model.py [--json] [--measured docs/bench-gpu.json]
 
-When a GPU run of bench/gpu.py exists (docs/bench-gpu.json, or --measured FILE), the same formulas
+When a GPU run of bench/gpu.py exists (docs/bench-gpu.json or bench-gpu-quick.json, or --measured FILE), the same formulas
 are also evaluated at the configurations it measured and shown beside the measurements (`versus`):
 each forward (decode step, k-token verification) at its batch size, each clip's prefill, and
 cloud-only clips/s under continuous batching (with the run's own prompt and answer lengths).
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MEASURED = Path(__file__).resolve().parents[1] / "docs" / "bench-gpu.json"
+# bench/gpu.py's runs: the full one, else the quick one
+MEASURED = tuple(Path(__file__).resolve().parents[1] / "docs" / f for f in ("bench-gpu.json", "bench-gpu-quick.json"))
 
 # H100 SXM, bf16: 3.35 TB/s HBM3 (70 % reached), 989 TFLOP/s dense (50 % reached).
 BW = 3.35e12 * 0.7
@@ -147,12 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--measured", type=Path, default=None,
-                    help=f"a bench/gpu.py JSON to set beside the model (default {MEASURED.name} in docs/, when present)")
+                    help="a bench/gpu.py JSON to set beside the model (default: docs/bench-gpu.json, else "
+                         "docs/bench-gpu-quick.json, when present)")
     args = ap.parse_args(argv)
     got: dict[str, Any] = {"modelled": True,
                            "hardware": "H100 SXM bf16, 70 % of 3.35 TB/s, 50 % of 989 TFLOP/s, 0.5 ms/forward",
                            "rows": table()}
-    path = args.measured or (MEASURED if MEASURED.is_file() else None)
+    path = args.measured or next((p for p in MEASURED if p.is_file()), None)
     if path is not None:
         if not path.is_file():
             sys.exit(f"error: {path} does not exist; run `python bench/gpu.py --out {path}` on a GPU first")
