@@ -280,3 +280,16 @@ def test_gap_at_reads_the_logits_of_a_plain_full_forward():
     assert got["top2_gap"] == pytest.approx(float(top.values[0] - top.values[1]), abs=1e-4)
     assert got["cloud_only_minus_spec_logit"] == pytest.approx(got["top2_gap"], abs=1e-4) and got["both_in_top2"]
     assert got["gap_in_rounding_steps"] > 0 and got["rounding_step"] < 1e-4  # float32 steps are tiny
+
+
+def test_the_budget_interrupts_what_runs_when_it_ends():
+    """A section still running when the budget ends is stopped there (SIGALRM), not after it."""
+    import time
+
+    gpu = bench_module("gpu")
+    budget = gpu.Budget(0.3, time.perf_counter())
+    started = time.perf_counter()
+    with pytest.raises(gpu.OutOfBudget), budget.armed():
+        while time.perf_counter() - started < 30:
+            time.sleep(0.01)
+    assert time.perf_counter() - started < 5 and budget.left() <= 0
