@@ -54,6 +54,11 @@ from typing import Any
 import numpy as np
 import torch
 
+# Nothing is downloaded: a GPU machine without a network must not wait on the hub's timeouts.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 REPO = Path(__file__).resolve().parents[1]
 for _p in (REPO, REPO / "bench"):  # `python bench/gpu.py` from a bare checkout (no `pip install -e .`)
     if str(_p) not in sys.path:
@@ -810,7 +815,6 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     report, ok = run(mode, device, dtype, args.budget_s, started,
                      progress=lambda m: print(f"[{time.perf_counter() - started:6.1f} s] {m}", file=sys.stderr, flush=True))
     if out is not None:
