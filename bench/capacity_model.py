@@ -1,7 +1,12 @@
 """MODELLED, not measured: clips/s one GPU server would carry at the Qwen2.5-Omni 3B / 7B thinker
 shapes, cloud-only (continuously batched) against speculative presets (verifications batched).
 
-    python bench/capacity_model.py [--json]
+    python bench/capacity_model.py [--json] [--measured docs/bench-gpu.json]
+
+When a GPU run of bench/gpu.py exists (docs/bench-gpu.json or bench-gpu-quick.json, or --measured FILE), the same formulas
+are also evaluated at the configurations it measured and shown beside the measurements (`versus`):
+each forward (decode step, k-token verification) at its batch size, each clip's prefill, and
+cloud-only clips/s under continuous batching (with the run's own prompt and answer lengths).
 
 No GPU was lent to issue 27, so this is a roofline model of each forward, fed with the work per
 clip the demo pair measured (docs/eval-samples.md: cloud forwards and tokens per clip, prefill
@@ -26,7 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# bench/gpu.py's runs: the full one, else the quick one
+MEASURED = tuple(Path(__file__).resolve().parents[1] / "docs" / f for f in ("bench-gpu.json", "bench-gpu-quick.json"))
 
 # H100 SXM, bf16: 3.35 TB/s HBM3 (70 % reached), 989 TFLOP/s dense (50 % reached).
 BW = 3.35e12 * 0.7
@@ -61,13 +72,20 @@ def forward_s(shape: Shape, rows: int, tokens: int, context: float) -> float:
     return max(weights / BW, compute) + kv + LAUNCH_S
 
 
-def per_clip_s(shape: Shape, mode: str, rows: int) -> float:
+def prefill_s(shape: Shape, tokens: float, audio_frames: float) -> float:
+    """One clip's prefill: the LLM over its prompt plus the audio tower over its encoder frames."""
+    audio = 2 * shape.audio_params * audio_frames / FLOPS
+    return max(2 * shape.params / BW, 2 * shape.params * tokens / FLOPS) + audio + LAUNCH_S
+
+
+def per_clip_s(shape: Shape, mode: str, rows: int, prompt_tokens: float = PREFILL_TOKENS,
+               answer_tokens: float = ANSWER_TOKENS, audio_frames: float = AUDIO_FRAMES) -> float:
     forwards, n = WORK[mode]
-    context = PREFILL_TOKENS + ANSWER_TOKENS / 2
-    prefill_tokens = PREFILL_TOKENS + (n if mode != "cloud" else 0)
-    audio = 2 * shape.audio_params * AUDIO_FRAMES / FLOPS
-    prefill = max(2 * shape.params / BW, 2 * shape.params * prefill_tokens / FLOPS) + audio + LAUNCH_S
-    return prefill + (forwards - 1) * forward_s(shape, rows, n, context) / rows
+    if mode == "cloud":
+        forwards = answer_tokens  # one forward per token, the prefill's included
+    context = prompt_tokens + answer_tokens / 2
+    prefill_tokens = prompt_tokens + (n if mode != "cloud" else 0)
+    return prefill_s(shape, prefill_tokens, audio_frames) + (forwards - 1) * forward_s(shape, rows, n, context) / rows
 
 
 def table(batches: tuple[int, ...] = (8, 16, 64)) -> list[dict]:
@@ -84,12 +102,66 @@ def table(batches: tuple[int, ...] = (8, 16, 64)) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def _ratio(measured: float | None, modelled: float) -> float | None:
+    return round(measured / modelled, 2) if measured else None
+
+
+def versus(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model beside a bench/gpu.py run: one row per measured quantity, modelled and measured
+    in the same unit (ms per forward, ms per prefill, clips/s), and measured / modelled."""
+    shapes = {s.name: s for s in SHAPES}
+    rows: list[dict[str, Any]] = []
+    context = report.get("context_tokens", PREFILL_TOKENS + ANSWER_TOKENS / 2)
+    for name, by_batch in report.get("steps", {}).items():
+        shape = shapes[name.upper()]
+        for batch, got in by_batch.items():
+            for key, cell in got.items():
+                if not isinstance(cell, dict) or "ms" not in cell:
+                    continue
+                n = 1 if key == "step" else int(key.removeprefix("verify_"))
+                modelled = 1000 * forward_s(shape, int(batch), n, context)
+                rows.append({"what": "forward", "shape": shape.name, "batch": int(batch), "tokens": n, "unit": "ms",
+                             "modelled": round(modelled, 3), "measured": cell["ms"], "x": _ratio(cell["ms"], modelled)})
+    for name, by_clip in report.get("prefill", {}).items():
+        shape = shapes[name.upper()]
+        for clip, got in by_clip.items():
+            # encoder frames: 2 mel frames each after the conv stem (AUDIO_FRAMES' 50 a second)
+            modelled = 1000 * prefill_s(shape, got["prompt_tokens"], got["mel_frames"] / 2)
+            rows.append({"what": "prefill", "shape": shape.name, "clip": clip, "tokens": got["prompt_tokens"],
+                         "unit": "ms", "modelled": round(modelled, 3), "measured": got["bare"]["ms"],
+                         "x": _ratio(got["bare"]["ms"], modelled)})
+    batched = report.get("batched", {})
+    prompt = batched.get("prompt_tokens")
+    for batch, got in batched.get("cloud_only", {}).items():
+        if "clips_per_s" not in got or not got["clips"] or prompt is None:
+            continue
+        answer = got["tokens"] / got["clips"]
+        frames = batched.get("mel_frames", 2 * AUDIO_FRAMES) / 2  # encoder frames: 2 mel frames each
+        modelled = 1 / per_clip_s(shapes["7B"], "cloud", int(batch), prompt, answer, frames)
+        rows.append({"what": "cloud-only clips/s", "shape": "7B", "batch": int(batch), "tokens": round(answer, 1),
+                     "unit": "clips/s", "modelled": round(modelled, 3), "measured": got["clips_per_s"],
+                     "x": _ratio(got["clips_per_s"], modelled)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    got = {"modelled": True, "hardware": "H100 SXM bf16, 70 % of 3.35 TB/s, 50 % of 989 TFLOP/s, 0.5 ms/forward",
-           "rows": table()}
+    ap.add_argument("--measured", type=Path, default=None,
+                    help="a bench/gpu.py JSON to set beside the model (default: docs/bench-gpu.json, else "
+                         "docs/bench-gpu-quick.json, when present)")
+    args = ap.parse_args(argv)
+    got: dict[str, Any] = {"modelled": True,
+                           "hardware": "H100 SXM bf16, 70 % of 3.35 TB/s, 50 % of 989 TFLOP/s, 0.5 ms/forward",
+                           "rows": table()}
+    path = args.measured or next((p for p in MEASURED if p.is_file()), None)
+    if path is not None:
+        if not path.is_file():
+            sys.exit(f"error: {path} does not exist; run `python bench/gpu.py --out {path}` on a GPU first")
+        report = json.loads(path.read_text())
+        env = report.get("environment", {})
+        got["measured"] = {"file": str(path), "device": env.get("gpu", env.get("device")), "dtype": env.get("dtype"),
+                           "tiny": bool(report.get("tiny")), "versus": versus(report)}
     if args.json:
         print(json.dumps(got, indent=1))
         return
@@ -98,6 +170,16 @@ def main() -> None:
     for r in got["rows"]:
         print(f"| {r['shape']} | {r['rows_per_forward']} | {r['cloud_clips_per_s']} | "
               f"{r['fluent_clips_per_s']} ({r['fluent_x_cloud']}×) | {r['quality_clips_per_s']} ({r['quality_x_cloud']}×) |")
+    if "measured" in got:
+        m = got["measured"]
+        print(f"\nModelled vs measured ({m['file']}: {m['device']}, {m['dtype']}"
+              + (", TOY SHAPES: the plumbing only, not the real models" if m["tiny"] else "") + ")")
+        print("| what | shape | batch / clip | tokens | modelled | measured | measured / modelled |")
+        print("|---|---|---|---|---|---|---|")
+        for r in m["versus"]:
+            where = r.get("batch", r.get("clip"))
+            print(f"| {r['what']} | {r['shape']} | {where} | {r['tokens']} | {r['modelled']} {r['unit']} | "
+                  f"{r['measured']} {r['unit']} | {r['x']} |")
 
 
 if __name__ == "__main__":
