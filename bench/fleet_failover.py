@@ -109,7 +109,10 @@ def main() -> None:
         finished(batch(held, single, None))
         oracle = {Path(r["file"]).name: r for r in read_records(single)}
 
-        fleet = LocalServer("--replicas", "2", "--replica-cpus", str(args.replica_cpus), log=work / "serve.log")
+        # Not --quiet: the replicas' access lines and Ray Serve's warnings (the proxy's failed
+        # requests) go to the log, and are counted for run B.
+        fleet = LocalServer("--replicas", "2", "--replica-cpus", str(args.replica_cpus), log=work / "serve.log",
+                            quiet=False)
         started = time.perf_counter()
         fleet.start(timeout=600)
         start_s = time.perf_counter() - started
@@ -164,6 +167,7 @@ def run(fleet: LocalServer, folder: Path, work: Path, oracle: dict[str, dict], t
     known = set(prefills(url))
     before = health(url)
     out_b = work / "b.jsonl"
+    log_at = len(fleet.logged())
     began = time.perf_counter()
     proc = batch(folder, out_b, url)
     victim, killed_at = None, None
@@ -197,7 +201,14 @@ def run(fleet: LocalServer, folder: Path, work: Path, oracle: dict[str, dict], t
          "survivor_sessions": len(on_survivor),
          "survivor_sessions_prefilled_more_than_once": sum(1 for n in on_survivor.values() if n > 1),
          "wall_s": round(wall_b, 2), "time_added_s": round(wall_b - wall_a, 2),
-         "replica_back_after_s": round(back_s, 1) if back_s is not None else None}
+         "replica_back_after_s": round(back_s, 1) if back_s is not None else None,
+         # what clients met, from the fleet's log after the kill: requests the proxy failed (the
+         # replica died under them; the client retried), and verifications answered
+         # unknown_session (a session not held where the ring now sends it: rebuilt)
+         "proxy_failed_requests": sum(1 for line in fleet.logged()[log_at:].splitlines()
+                                      if "Request failed" in line),
+         "unknown_session_answers": sum(1 for line in fleet.logged()[log_at:].splitlines()
+                                        if '"POST /v1/verify HTTP/1.1" 404' in line)}
     per_clip = a["replica_cpu_s_per_escalated_clip"]
     model = {"what": "modelled, not measured scaling: clips/s one replica serves per CPU core it is given, "
                      "= 1 / its CPU seconds per escalated clip in run A (2 shared cores here cannot show scaling)",

@@ -262,6 +262,31 @@ def _replica_class(serve: Any) -> Any:
 
 # -- the driver: `specdec serve --replicas N` ----------------------------------------------------------
 
+def running_cluster() -> str:
+    """`--ray auto`: the Ray cluster this machine belongs to (RAY_ADDRESS, else the address the last
+    `ray start` on this machine recorded, read by Ray's own reader) when something answers there;
+    else "auto": a Ray started for this run. (A fleet on a cluster wants its replicas spread over
+    its nodes; a batch's --ray auto always starts its own.)"""
+    import socket
+
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address:
+        try:
+            from ray._private.utils import read_ray_address
+
+            address = read_ray_address() or ""
+        except (ImportError, OSError):
+            address = ""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return "auto"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+    except OSError:
+        return "auto"  # a cluster that was stopped: start one for this run
+    return address
+
+
 def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options: server.ServeOptions,
               fleet: FleetOptions, announce: Callable[[str], None], log_level: str = "info") -> None:
     """Start (or join) Ray, deploy the fleet, announce its address, serve until SIGINT/SIGTERM, then
@@ -282,18 +307,20 @@ def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options
     quiet = {"logging_level": logging.DEBUG if debug else logging.ERROR,
              "log_to_driver": debug or log_level in ("info", "debug")}  # the replicas' access lines
     started_ray = not ray.is_initialized()
+    address = fleet.address if fleet.address != "auto" else running_cluster()
     if started_ray:
-        if fleet.address == "auto":
+        if address == "auto":
             cpus = max(os.cpu_count() or 1, int(fleet.replicas * fleet.replica_cpus + 0.999))
             ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                      object_store_memory=OBJECT_STORE_BYTES, **quiet)
         else:
-            check_reachable(fleet.address)
+            check_reachable(address)
             try:
-                ray.init(address=fleet.address, **quiet)
+                ray.init(address=address, **quiet)
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-                raise InputError(f"cannot join the Ray cluster at {fleet.address} ({one_line(exc)}); "
-                                 "or use --ray auto") from None
+                raise InputError(f"cannot join the Ray cluster at {address} ({one_line(exc)}); if Ray's lines "
+                                 "above say InvalidAuthToken, export RAY_AUTH_MODE=token with the head's "
+                                 "~/.ray/auth_token in place") from None
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -332,7 +359,7 @@ def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options
                  else f"{fleet.replicas} replicas")
         shown = f"[{host.strip('[]')}]" if ":" in host else host
         announce(f"specdec serve: listening on http://{shown}:{port} · {count} on Ray Serve "
-                 f"({'a local Ray' if fleet.address == 'auto' else 'Ray at ' + fleet.address}), sessions routed "
+                 f"({'a Ray started for it' if address == 'auto' else 'Ray at ' + address}), sessions routed "
                  f"by {wire.SESSION_HEADER} · {hosted_line}")
         while not stop.wait(0.5):
             pass
