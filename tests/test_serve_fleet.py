@@ -199,3 +199,59 @@ def test_a_replica_killed_mid_batch_costs_rebuilds_and_nothing_else(fleet, clips
             break
         time.sleep(1)
     assert now["replicas"] == 2 and victim["pid"] not in pids, now
+
+
+# -- the fleet's own pieces, without a fleet -----------------------------------------------------------
+
+def test_fleet_metrics_label_every_replicas_samples_and_health_sums_them():
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdec_cli.scale.serve_fleet import Report, fleet_health, fleet_metrics, live
+
+    def replica(sessions: int, prefilled: dict[str, int]) -> str:
+        r = CollectorRegistry()
+        Gauge("specdec_sessions_open", "Open sessions", registry=r).set(sessions)
+        c = Counter("specdec_session_prefills", "Prefills", ["session"], registry=r)
+        for sid, n in prefilled.items():
+            c.labels(sid).inc(n)
+        return generate_latest(r).decode()
+    now = time.time()
+    reports = [Report("aaa", 11, "n1", 2, replica(2, {"s1": 1, "s2": 1}), now),
+               Report("bbb", 12, "n1", 1, replica(1, {"s3": 2}), now - 1),
+               Report("ccc", 13, "n2", 5, replica(5, {"s4": 1}), now - 60)]  # gone quiet: left out
+    alive_now = live(reports, now)
+    assert [r.replica for r in alive_now] == ["aaa", "bbb"]
+    samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(fleet_metrics(alive_now).decode())
+               for s in f.samples]
+    assert ("specdec_sessions_open", {"replica": "aaa"}, 2.0) in samples
+    assert ("specdec_sessions_open", {"replica": "bbb"}, 1.0) in samples
+    prefills = {(s[1]["replica"], s[1]["session"]): s[2] for s in samples if s[0] == "specdec_session_prefills_total"}
+    assert prefills == {("aaa", "s1"): 1, ("aaa", "s2"): 1, ("bbb", "s3"): 2}
+    merged = fleet_health({"status": "ok", "sessions": 2, "replicas": 1, "per_replica": []}, alive_now)
+    assert merged["sessions"] == 3 and merged["replicas"] == 2
+    assert merged["per_replica"] == [{"replica": "aaa", "pid": 11, "node": "n1", "sessions": 2},
+                                     {"replica": "bbb", "pid": 12, "node": "n1", "sessions": 1}]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replicas", "2", "--autoscale", "1:3"], "give --replicas N or --autoscale MIN:MAX, not both"),
+    (["--autoscale", "3:1"], "--autoscale 3:1: need 1 <= MIN <= MAX and a TARGET above 0"),
+    (["--autoscale", "two"], "--autoscale takes MIN:MAX or MIN:MAX:TARGET (e.g. 1:4), not 'two'"),
+    (["--ray", "127.0.0.1:1", "--replicas", "2"], "no Ray cluster answers at 127.0.0.1:1"),
+])
+def test_fleet_flags_are_checked_in_one_line(args, message):
+    result = CliRunner().invoke(app, ["serve", "--port", "0", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {message}") and result.output.count("\n") == 1, result.output
+
+
+def test_the_fleet_needs_ray_serve_installed(monkeypatch):
+    import sys
+
+    from specdec_cli.scale.serve_fleet import INSTALL_HINT
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `from ray import serve` fails as on a bare install
+    result = CliRunner().invoke(app, ["serve", "--replicas", "2"])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {INSTALL_HINT}"

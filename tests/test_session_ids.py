@@ -145,3 +145,40 @@ def test_a_bad_log_level_is_one_line():
     assert result.exit_code == 2
     assert result.output.strip() == ("error: --log-level takes one of critical, error, warning, info, debug, "
                                      "not 'loud'")
+
+
+def test_a_proxys_500_is_retried_with_the_same_id_and_specdecs_own_is_not():
+    """A proxy in front (Ray Serve's) answers 500/502 with its own text when the replica under a
+    request died: the client retries it like a dropped connection, every try carrying the clip's
+    id in the header and in the body (so the retry lands where the session will be rebuilt). A
+    500 that is specdec's one-line JSON error is a server bug: reported at once, as before."""
+    from fake_cloud import FakeCloud, Reply, consistent_verdict, json_reply, msgpack_reply, remote_cloud
+
+    from specdec_cli.remote.client import CloudError
+
+    proxy = iter([Reply(500, b"Internal Server Error", {"content-type": "text/plain"}), Reply(502, b"Bad Gateway")])
+
+    def answer(request):
+        if request.method == "DELETE":
+            return Reply(204)
+        return next(proxy, None) or msgpack_reply(consistent_verdict(request.verify()))
+    with FakeCloud(answer) as fake:
+        client, cloud, sequence, proposal, generator = remote_cloud(fake.url, sample=False)
+        client.retry_s = 10.0
+        verdict, fed = cloud.verify(sequence, proposal, None, generator)
+        client.close()
+    assert (verdict.accepted, fed) == (0, 1 + 3)
+    verifies = [r for r in fake.requests if r.path == "/v1/verify"]
+    assert len(verifies) == 3
+    assert re.fullmatch(wire.SESSION_ID_PATTERN, cloud.session_id)
+    assert {r.headers[wire.SESSION_HEADER.lower()] for r in verifies} == {cloud.session_id}
+    assert all(r.verify().session == cloud.session_id and r.verify().clip is not None for r in verifies)
+
+    bug = json_reply({"error": "internal error (KeyError); the server goes on", "code": "internal"}, 500)
+    with FakeCloud(lambda request: bug) as fake:
+        client, cloud, sequence, proposal, generator = remote_cloud(fake.url, sample=False)
+        client.retry_s = 10.0
+        with pytest.raises(CloudError, match="answered 500: internal error"):
+            cloud.verify(sequence, proposal, None, generator)
+        client.close()
+    assert len([r for r in fake.requests if r.path == "/v1/verify"]) == 1
