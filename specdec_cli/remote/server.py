@@ -83,7 +83,7 @@ MAX_NEW_TOKENS = wire.MAX_NEW_TOKENS  # a config may not ask the server for more
 BATCH_WINDOW_MS = 10.0    # how long a verification waits for others to share its forward (bench/server_batching.py)
 MAX_BATCH = 16            # verifications in one forward
 MAX_GENERATE_BATCH = 16   # cloud-only generations decoded together (continuous batching)
-SESSION_PREFIX = 8        # characters of a session id shown in /metrics and the access log
+SESSION_PREFIX = access_log.PREFIX  # characters of a session id shown in /metrics (and the access log)
 PREFILL_LABELS = 4096     # sessions whose prefill count /metrics keeps
 
 
