@@ -86,10 +86,11 @@ def consistent_verdict(req: wire.VerifyRequest, **change: object) -> dict:
     """A verdict that rejects the whole draft at its first token (greedy), every count matching the
     request. `change` replaces fields (a dict, so a test can give any type)."""
     prompt = len(req.clip.prompt_ids) if req.clip is not None else 0
-    held_before = prompt if req.session is None else req.held
+    opens = req.clip is not None  # a request carrying the clip opens (or reopens) its session
+    held_before = prompt if opens else req.held
     answer = {"session": "s" * 22, "accepted": 0, "token": 10, "kind": "recovered",
               "held": held_before + len(req.pending), "fed": len(req.pending) + len(req.draft),
-              "prefilled": prompt if req.session is None else 0, "forwards": 1, "all_forwards": 1,
+              "prefilled": prompt if opens else 0, "forwards": 1, "all_forwards": 1,
               "target_row": None, "ended": False}
     answer.update(change)
     return answer

@@ -138,7 +138,7 @@ def test_a_batch_records_the_bad_answer_for_its_clip_and_goes_on(tmp_path):
     opened = []
 
     def verify(_, req):
-        if req.session is None:
+        if req.clip is not None:
             opened.append(1)
         if len(opened) == 2:
             return msgpack_reply(consistent_verdict(req, accepted=len(req.draft) + 1, kind="bonus"))
@@ -164,7 +164,7 @@ def test_a_batch_records_the_bad_answer_for_its_clip_and_goes_on(tmp_path):
     (json_reply({"status": "ok"}), "its /health is not a specdec server's: Object missing required field"),
     (json_reply({**identity(), "vocab": "many"}), "Expected `int`, got `str` - at `$.vocab`"),
     (json_reply([1, 2]), "its /health is a JSON list, not an object"),
-    (json_reply({**identity(), "protocol": 99}), "it speaks protocol 99, this specdec speaks 1"),
+    (json_reply({**identity(), "protocol": 99}), f"it speaks protocol 99, this specdec speaks {wire.PROTOCOL}"),
 ])
 def test_a_health_that_is_not_a_specdec_servers_is_refused(health, wrong):
     """Before: 'unexpected JSONDecodeError' for the first; for the missing fields, 'the cloud … (None)

@@ -6,11 +6,12 @@ import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..checkpoints import dtype_name
+from ..errors import InputError
 from . import ui
 from .options import DtypeOpt
 
@@ -42,18 +43,34 @@ def serve(
                                                   "headers (from connecting, or from the last answer).")] = 10.0,
     body_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may take to send its body.")] = 60.0,
     keep_alive_timeout: Annotated[int, typer.Option(min=1, help="Seconds an idle keep-alive connection stays open.")] = 5,
+    log_level: Annotated[str, typer.Option(help="critical, error, warning, info (a line per request on stderr, in "
+                                           "uvicorn's access-log format) or debug.")] = "info",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request (--log-level warning).")] = False,
+    replicas: Annotated[int | None, typer.Option(min=1, help="Serve N replicas of the cloud on Ray Serve behind one "
+                                                 "address, each session's requests routed to one replica "
+                                                 "(default with --ray: 2). Needs pip install 'specdec\\[serve]'.",
+                                                 show_default=False)] = None,
+    ray: Annotated[str | None, typer.Option(metavar="auto|ADDRESS", help="Where the replicas run: auto starts a Ray "
+                                            "on this machine; ADDRESS joins a cluster (what `ray start --head` "
+                                            "prints).", show_default=False)] = None,
+    autoscale: Annotated[str | None, typer.Option(metavar="MIN:MAX[:TARGET]", help="Let Ray Serve scale the "
+                                                  "replicas between MIN and MAX on requests in flight per replica "
+                                                  "(TARGET, default 8) instead of --replicas.",
+                                                  show_default=False)] = None,
+    replica_cpus: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves for each replica (its torch "
+                                                "threads: the whole number of them, at least 1).")] = 1.0,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT` (limits: docs/security.md)."""
     from ..models import demo_pair
-    from ..remote import server
+    from ..remote import access_log, server
 
     dtype_name(dtype)
+    if log_level.lower() not in access_log.LEVELS:
+        raise InputError(f"--log-level takes one of {', '.join(access_log.LEVELS)}, not {log_level!r}")
+    level = "warning" if quiet else log_level.lower()
+    fleet = _fleet_options(replicas, ray, autoscale, replica_cpus, device)
     tokens = server.read_tokens(str(token_file) if token_file is not None else None, os.environ.get("SPECDEC_TOKEN"))
     server.check_bind(host, tokens)  # before loading a model
-    sock = server.listen(host, port)  # a port in use: one line, before loading a model
-    err = ui.console()
-    with err.status("loading the cloud model…") if err.is_terminal else nullcontext():
-        hosted = server.load_hosted(cloud or demo_pair()[1], device, dtype)
 
     def announce(line: str) -> None:
         sys.stderr.write(line + "\n")
@@ -61,5 +78,30 @@ def serve(
     options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
                                   max_connections, header_timeout, body_timeout, keep_alive_timeout,
                                   max_generate_batch)
-    server.serve(hosted, host, port, options, announce, sock)
+    if fleet is not None:  # each replica loads the model; this process only deploys them
+        from ..scale import serve_fleet
+
+        serve_fleet.run_fleet(cloud or str(demo_pair()[1]), device, dtype, host, port, options, fleet, announce, level)
+        sys.stderr.write("specdec serve: stopped\n")
+        return
+    sock = server.listen(host, port)  # a port in use: one line, before loading a model
+    err = ui.console()
+    with err.status("loading the cloud model…") if err.is_terminal else nullcontext():
+        hosted = server.load_hosted(cloud or demo_pair()[1], device, dtype)
+    server.serve(hosted, host, port, options, announce, sock, level)
     sys.stderr.write("specdec serve: stopped\n")
+
+
+def _fleet_options(replicas: int | None, ray: str | None, autoscale: str | None, replica_cpus: float,
+                   device: str) -> Any:
+    """The fleet asked for (--replicas, --ray, --autoscale), checked before anything loads; None: one process."""
+    if replicas is None and ray is None and autoscale is None:
+        return None
+    if replicas is not None and autoscale is not None:
+        raise InputError("give --replicas N or --autoscale MIN:MAX, not both")
+    from ..scale import serve_fleet
+
+    serve_fleet.require_serve()  # the install hint, exit 2
+    scaling = serve_fleet.parse_autoscale(autoscale) if autoscale is not None else None
+    gpus = 1.0 if device.startswith("cuda") else 0.0
+    return serve_fleet.FleetOptions(ray or "auto", replicas or 2, scaling, replica_cpus, gpus)

@@ -88,7 +88,7 @@ def verdict(answer: wire.VerifyResponse, request: wire.VerifyRequest, sequence_l
                        else "no probability row for a rejected sampled draft")
     if answer.target_row is None and not 0 <= answer.token < vocab:
         raise Unusable(f"token {answer.token}, outside the vocabulary of {vocab} it reported")
-    new = request.session is None
+    new = request.clip is not None  # a request carrying the clip opened the session (prefilled it)
     expected = {"held": sequence_len + answer.accepted, "fed": len(request.pending) + k,
                 "prefilled": prompt_len if new else 0}
     for name, want in expected.items():

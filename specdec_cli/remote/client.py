@@ -23,6 +23,7 @@ import concurrent.futures
 import functools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -54,6 +55,9 @@ ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
 # unanswered at once; past that one is not sent (the server's session TTL ends what it would have).
 BACKGROUND_S = 5.0
 BACKGROUND_MAX = 8
+# Statuses a proxy in front of specdec serve answers when it lost its upstream (with a body that is
+# not specdec's one-line JSON error): retried like a dropped connection.
+UPSTREAM_LOST = (500, 502, 504)
 UPLOADS = ("eager", "lazy", "auto")  # --upload: when a clip goes up (RemoteClient.upload)
 
 log = logging.getLogger("specdec.client")
@@ -216,7 +220,7 @@ class RemoteClient:
             pending = list(self._background)
         concurrent.futures.wait(pending, timeout=timeout_s)
 
-    def send_later(self, method: str, path: str, link: LinkStats) -> bool:
+    def send_later(self, method: str, path: str, link: LinkStats, session: str | None = None) -> bool:
         """Send a request whose answer nobody waits for (a session's close): no round trip is spent
         on it, its bytes up are counted in `link`, a failure is logged, never raised (a closed
         session the server did not hear of ends at its TTL). False when not sent: the server is
@@ -224,7 +228,7 @@ class RemoteClient:
         with self._background_lock:
             if self._down or len(self._background) >= BACKGROUND_MAX:
                 return False
-            request = self.exchange.request(method, path, b"", None)
+            request = self.exchange.request(method, path, b"", _session_header(session))
             future = self.exchange.send_later(request, answers.HEALTH_CAP, min(BACKGROUND_S, self.timeout_s))
             self._background.add(future)
         link.uplink_bytes += _request_bytes(request, b"")
@@ -249,10 +253,11 @@ class RemoteClient:
     # -- requests ---------------------------------------------------------------------------------
 
     def call(self, method: str, path: str, message: msgspec.Struct | None, kind: type | None,
-             link: LinkStats, cap: int | None = None, retry_s: float | None = None) -> Any:
+             link: LinkStats, cap: int | None = None, retry_s: float | None = None, session: str | None = None) -> Any:
         """One request, retried while the server is unreachable or full, within `retry_s` (default:
-        the client's); every
-        attempt is counted in `link`. Returns the decoded answer (None when `kind` is None, the
+        the client's); every attempt is counted in `link`. `session`: the clip's session id, sent
+        in the X-Session-Id header (a session-affine router's key: every request of a clip, the
+        first included, reaches the replica that holds or will hold its session). Returns the decoded answer (None when `kind` is None, the
         body when it is `bytes`); `cap`: the most bytes the answer's body may take (default: one
         verdict with its probability row at the vocabulary /health reported)."""
         body = wire.encode(message) if message is not None else b""
@@ -261,7 +266,8 @@ class RemoteClient:
         deadline = time.monotonic() + (0.0 if self._down else retry_s)
         pause = 0.1
         while True:
-            request = self.exchange.request(method, path, body, {"Content-Type": wire.MSGPACK} if body else None)
+            headers = {**({"Content-Type": wire.MSGPACK} if body else {}), **_session_header(session)}
+            request = self.exchange.request(method, path, body, headers or None)
             started = time.perf_counter()
             if self.link_delay_s:
                 time.sleep(self.link_delay_s)
@@ -284,14 +290,26 @@ class RemoteClient:
             if answer is not None:
                 self._down = False
                 link.downlink_bytes += answer.wire_bytes
-                if answer.status != 503:
+                upstream_lost = answer.status in UPSTREAM_LOST and not _error_code(answer)
+                if answer.status != 503 and not upstream_lost:
                     self._raise_for(answer)
                     if kind is None:
                         return None
                     if kind is bytes:
                         return answer.body
                     return self.check(answers.decode, answer.body, kind)
-                wait = retry_after(answer.headers.get("retry-after"))
+                if upstream_lost:
+                    # Not a specdec error (every one of those is one-line JSON with a code): a proxy
+                    # in front (Ray Serve's, scale/serve_fleet.py; nginx) lost the replica that was
+                    # answering (killed, restarting). Retried like a dropped connection; a session
+                    # the replica held is gone, and the retry's answer (unknown_session, or
+                    # out_of_sync had it verified) has it rebuilt from the clip.
+                    failure = httpx.RemoteProtocolError(f"{answer.status} {_error_text(answer)} from a proxy")
+                    answer = None
+                    wait = pause
+                    pause = min(pause * 2, 2.0)
+                else:
+                    wait = retry_after(answer.headers.get("retry-after"))
             else:
                 wait = pause
                 pause = min(pause * 2, 2.0)
@@ -388,6 +406,10 @@ def edge_token_time(model: Any, steps: int = 5) -> float:
     return sorted(times)[steps // 2]
 
 
+def _session_header(session: str | None) -> dict[str, str]:
+    return {wire.SESSION_HEADER: session} if session else {}
+
+
 class SessionLost(SpecdecError):
     """The server no longer holds the session as the client knows it: rebuild it."""
 
@@ -413,7 +435,12 @@ class RemoteCloud:
         self._opened: tuple[int, int] | None = None  # its (prefilled, all_forwards), counted at the first verdict
         self._verified = False
         self._started = 0.0
-        self.session: str | None = None
+        self.session: str | None = None  # the session as the server holds it (None: not open there)
+        # The id this clip's session opens under, chosen here (128 random bits, as the server
+        # would mint) and sent with every request of the clip, the first included, so that a
+        # session-affine router (Ray Serve's, scale/serve_fleet.py) places the session where the
+        # rest of the clip's requests will go. A rebuild reopens it under the same id.
+        self.session_id = secrets.token_urlsafe(16)
         self.held = 0                 # tokens the server's session holds (prompt included)
         self.prompt_ids: list[int] = []
         self.inputs: Mapping[str, torch.Tensor] | None = None
@@ -439,8 +466,8 @@ class RemoteCloud:
         sent = time.perf_counter()
         try:
             opened = self.client.call("POST", "/v1/sessions", wire.OpenRequest(self._clip_message(),
-                                                                                config_dict(self.cfg)),
-                                      wire.Opened, self.link)
+                                                                                config_dict(self.cfg), self.session_id),
+                                      wire.Opened, self.link, session=self.session_id)
         except (CloudError, CloudUnreachable, InputError) as exc:
             log.warning("opening a session at %s failed (%s); the clip goes up at its first verification",
                         self.client.url, wire.first_line(exc))
@@ -498,7 +525,8 @@ class RemoteCloud:
             request = self._request(sequence, draft, sampling)
             sent = time.perf_counter()
             try:
-                answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link)
+                answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link,
+                                          session=self.session_id)
                 if request.clip is not None:
                     self.client.upload_s.append(time.perf_counter() - sent)
                 break
@@ -533,8 +561,8 @@ class RemoteCloud:
         if self.session is None:
             p = len(self.prompt_ids)
             assert sequence[:p] == self.prompt_ids, "the sequence must start with the clip's prompt"
-            return wire.VerifyRequest(draft, clip=self._clip_message(), config=config_dict(self.cfg),
-                                      pending=sequence[p:], sampling=sampling)
+            return wire.VerifyRequest(draft, session=self.session_id, clip=self._clip_message(),
+                                      config=config_dict(self.cfg), pending=sequence[p:], sampling=sampling)
         return wire.VerifyRequest(draft, session=self.session, held=self.held, pending=sequence[self.held:],
                                   sampling=sampling)
 
@@ -556,7 +584,7 @@ class RemoteCloud:
         if self.session is None:
             return
         sid, self.session = self.session, None
-        self.client.send_later("DELETE", f"/v1/sessions/{sid}", self.link)
+        self.client.send_later("DELETE", f"/v1/sessions/{sid}", self.link, session=self.session_id)
 
 
 def _error_body(answer: Answer) -> dict[str, Any]:

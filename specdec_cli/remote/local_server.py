@@ -4,7 +4,8 @@ started on a port the system picks (`--port 0`; the start line says which), stop
 `log`: stderr goes to that file instead of a pipe (a server made to log a lot must not block on a
 full pipe). `prelude`: Python run in the server process before the CLI starts (a test injecting a
 fault the server cannot be asked for); the server is then `python -c PRELUDE; main()`. `nofile`:
-the server's descriptor limit (soft and hard, as `ulimit -n N` sets them)."""
+the server's descriptor limit (soft and hard, as `ulimit -n N` sets them). `quiet` (the default):
+`--quiet`, no access-log line per request (a pipe nobody reads past the start line would fill)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ class LocalServer:
     """`specdec --threads 1 serve --port PORT ARGS…`, its start line read for the address it got."""
 
     def __init__(self, *args: str, port: int = 0, env: dict[str, str] | None = None, log: Path | None = None,
-                 prelude: str | None = None, nofile: int | None = None) -> None:
+                 prelude: str | None = None, nofile: int | None = None, quiet: bool = True) -> None:
         self.args, self.port, self.env, self.log = list(args), port, env, log
+        self.quiet = quiet
         self.prelude, self.nofile = prelude, nofile
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
@@ -39,7 +41,7 @@ class LocalServer:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        cli = ["--threads", "1", "serve", "--port", str(self.port), *self.args]
+        cli = ["--threads", "1", "serve", "--port", str(self.port), *(["--quiet"] if self.quiet else []), *self.args]
         if self.prelude is None:
             return [SPECDEC, *cli]
         return [sys.executable, "-c", f"{self.prelude}\nfrom specdec_cli.commands.app import main\nmain()", *cli]

@@ -40,11 +40,13 @@ import hmac
 import ipaddress
 import logging
 import math
+import re
 import secrets
 import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,9 +70,11 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import InputError
-from . import limits, openapi, wire
+from . import access_log, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
 from .sessions import CloudSession, MemoryReturn, Sessions
+
+SESSION_ID = re.compile(wire.SESSION_ID_PATTERN)
 
 __all__ = ["ApiError", "CloudSession", "Hosted", "Metrics", "ServeOptions", "Sessions", "create_app", "serve"]
 
@@ -79,6 +83,8 @@ MAX_NEW_TOKENS = wire.MAX_NEW_TOKENS  # a config may not ask the server for more
 BATCH_WINDOW_MS = 10.0    # how long a verification waits for others to share its forward (bench/server_batching.py)
 MAX_BATCH = 16            # verifications in one forward
 MAX_GENERATE_BATCH = 16   # cloud-only generations decoded together (continuous batching)
+SESSION_PREFIX = access_log.PREFIX  # characters of a session id shown in /metrics (and the access log)
+PREFILL_LABELS = 4096     # sessions whose prefill count /metrics keeps
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -192,6 +198,21 @@ class Metrics:
                                     buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.generate_rows = Histogram("specdec_generate_batch_size", "Cloud-only generations in one step",
                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        # Sticky routing, checked: a session id prefilled more than once (summed over replicas) was
+        # rebuilt (a request reached a replica that did not hold it, or the session was lost).
+        # Labelled by the id's first 8 characters (48 of its >= 128 bits: never enough to use it);
+        # only the last PREFILL_LABELS sessions keep a series, so the label set stays bounded.
+        self.prefills = Counter("specdec_session_prefills", "Prefills run per session (by its id's first 8 "
+                                "characters; the last 4096 sessions)", ["session"], registry=r)
+        self._prefill_labels: OrderedDict[str, None] = OrderedDict()
+
+    def prefilled(self, sid: str) -> None:
+        label = sid[:SESSION_PREFIX]
+        self.prefills.labels(label).inc()
+        self._prefill_labels[label] = None
+        self._prefill_labels.move_to_end(label)
+        while len(self._prefill_labels) > PREFILL_LABELS:
+            self.prefills.remove(self._prefill_labels.popitem(last=False)[0])
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -428,12 +449,31 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         owner_of(request)
         return JSONResponse(document)
 
-    async def new_session(owner: int, clip: wire.Clip, cfg: Any, prompt: list[int], *, prefill: bool) -> CloudSession:
-        """A session for `clip`, registered. `prefill`: run the prompt's prefill now (an eager open);
-        else the cloud only takes the inputs and prefills lazily with the first draft (a verification)."""
+    def session_id(given: str | None, owner: int) -> str:
+        """The id a new session opens under: the client's (so that a session-affine router places
+        its first request where the rest follow; the client draws it as we would, 128 random bits),
+        else one minted here. The id of a session this token holds is taken back (a rebuild: its
+        old state goes); one another token holds is refused without saying whose."""
+        if given is None:
+            return secrets.token_urlsafe(16)  # 128 random bits
+        if not SESSION_ID.fullmatch(given):
+            raise ApiError(400, "bad_session_id", "a session id a client chooses is 22 to 64 URL-safe base64 "
+                                                  "characters (e.g. secrets.token_urlsafe(16))")
+        holder = sessions.holder(given)
+        if holder is not None and holder != owner:
+            raise ApiError(409, "session_id_taken", "that session id is in use; choose another")
+        if holder is not None:
+            sessions.close(given, owner)  # 409 session_busy while it verifies
+        return given
+
+    async def new_session(owner: int, clip: wire.Clip, cfg: Any, prompt: list[int], *, prefill: bool,
+                          sid: str | None = None) -> CloudSession:
+        """A session for `clip`, registered under `sid` (the client's) or a new id. `prefill`: run
+        the prompt's prefill now (an eager open); else the cloud only takes the inputs and
+        prefills lazily with the first draft (a verification)."""
         inputs = await to_thread.run_sync(inputs_of, clip)  # decoding + features: off the event loop
+        sid = session_id(sid, owner)
         sessions.reserve(owner)  # 503 before any model work when the server (or this token's share) is full
-        sid = secrets.token_urlsafe(16)  # 128 random bits
 
         def build() -> CloudSession:
             cloud = LocalCloud(hosted.model)
@@ -445,6 +485,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             return CloudSession(sid, owner, cloud, rules, len(prompt))
         session = await in_worker(build)
         sessions.add(session)
+        metrics.prefilled(sid)  # now (eager) or with its first draft (lazy): one prefill either way
         return session
 
     async def verify(request: Request) -> Response:
@@ -456,7 +497,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         check_ids(req.pending, "pending")
         if req.sampling is not None and not (len(req.sampling.p_draft) == len(req.sampling.u) == k):
             raise ApiError(400, "bad_request", "sampling needs one p_draft and one u per draft token")
-        if req.session is None:
+        if req.session is None or req.clip is not None:
             if req.clip is None or req.config is None:
                 raise ApiError(400, "bad_request", "a new session needs the clip and the config")
             cfg = config_of(req.config, "spec")
@@ -478,7 +519,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
         if session is None:
             assert req.clip is not None
-            session = await new_session(owner, req.clip, cfg, prompt, prefill=False)
+            session = await new_session(owner, req.clip, cfg, prompt, prefill=False, sid=req.session)
             sequence = prompt + list(req.pending)
         else:
             sequence = session.cloud.state.ids + list(req.pending)
@@ -539,7 +580,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         prompt = list(req.clip.prompt_ids)
         if len(prompt) + 1 > hosted.context:
             raise ApiError(400, "too_long", f"the prompt's {len(prompt)} tokens leave no room in the model's context")
-        session = await new_session(owner, req.clip, cfg, prompt, prefill=True)
+        session = await new_session(owner, req.clip, cfg, prompt, prefill=True, sid=req.session)
         session.last_used = time.monotonic()
         metrics.tokens.inc(session.cloud.prefill_tokens)
         return answer(request, wire.Opened(session.id, len(session.cloud), session.cloud.prefill_tokens,
@@ -652,30 +693,33 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _configure_logging() -> None:
-    """specdec's own lines and uvicorn's warnings on stderr, each message at most once per 10 s."""
+def _configure_logging(level: str = "info") -> None:
+    """specdec's own lines and uvicorn's warnings on stderr, each message at most once per 10 s;
+    the access log (access_log.py) at `level` (`warning` and above: none)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("specdec serve: %(message)s"))
     ours = logging.getLogger("specdec.serve")
     ours.handlers[:] = [handler]
     ours.propagate = False
-    ours.setLevel(logging.INFO)
+    ours.setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
+    access_log.configure(level)
     repeats = limits.RepeatFilter()
     ours.addFilter(repeats)
     logging.getLogger("uvicorn.error").addFilter(repeats)
 
 
 def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
-          announce: Callable[[str], None], sock: socket.socket | None = None) -> None:
+          announce: Callable[[str], None], sock: socket.socket | None = None, log_level: str = "info") -> None:
     """Run until SIGINT/SIGTERM (uvicorn's own handlers: in-flight requests finish, then exit).
-    `sock`: the socket `listen(host, port)` bound already (else it is bound here)."""
+    `sock`: the socket `listen(host, port)` bound already (else it is bound here). `log_level`:
+    uvicorn's names; `info` logs a line per request (access_log.py), `warning` only problems."""
     import uvicorn
 
     check_bind(host, options.tokens)
     sock = sock if sock is not None else listen(host, port)
     fd_limit = limits.raise_fd_limit()
     cap = limits.connection_cap(options.max_connections, fd_limit, limits.open_fds())
-    _configure_logging()
+    _configure_logging(log_level)
     app = create_app(hosted, options)
     guard = limits.ConnectionGuard(cap, options.header_timeout_s)
     batching_note = (f"verifications batched (up to {options.max_batch}, {options.batch_window_ms:g} ms window)"
@@ -709,7 +753,10 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
                          f"closed after {options.session_ttl_s:g} s · at most {cap} connections{fewer} · "
                          f"{batching_note} · {'token required' if options.tokens else 'no token (loopback only)'}")
 
-    config = uvicorn.Config(app, http=limits.guarded_protocol(guard), log_level="warning", access_log=False,
+    # loop="asyncio": the connection guard is asyncio's accept() (limits.GuardedListener); uvloop
+    # (which Ray Serve's extra installs) accepts in C and would bypass it.
+    config = uvicorn.Config(access_log.AccessLog(app), http=limits.guarded_protocol(guard), loop="asyncio",
+                            log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, h11_max_incomplete_event_size=64 * 1024,
                             timeout_keep_alive=options.keep_alive_timeout_s,
                             limit_concurrency=cap + 1)  # over the cap (every connection busy): uvicorn's 503

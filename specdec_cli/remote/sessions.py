@@ -72,6 +72,11 @@ class Sessions:
         """Open sessions not verifying now (those that could send a verification)."""
         return sum(1 for s in self._open.values() if not s.busy)
 
+    def holder(self, sid: str) -> int | None:
+        """The token that holds session `sid`, or None (for the server's own checks, never an answer)."""
+        session = self._open.get(sid)
+        return None if session is None else session.owner
+
     def held_by(self, owner: int) -> int:
         return sum(1 for s in self._open.values() if s.owner == owner)
 

@@ -23,7 +23,9 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
-PROTOCOL = 1
+# 2: the client names its sessions (a request carrying the clip opens the session under the id it
+# gives, so that a session-affine router places the first request where the rest will follow).
+PROTOCOL = 2
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 
@@ -40,6 +42,10 @@ MAX_NEW_TOKENS = 4096       # a config may not ask the server for more than this
 MAX_TOKENS = 1 << 20        # ids in one list (the model's context bounds it further)
 MAX_TEXT = 4096             # characters of an instruction or system turn
 MAX_SESSION_ID = 64         # a session id is 22 characters (128 random bits, base64url)
+# A session id a client may choose: URL-safe base64 of at least 128 random bits (what
+# `secrets.token_urlsafe(16)` gives, and what the server mints when the client names none).
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{22,64}$"
+SESSION_HEADER = "X-Session-Id"  # every request of a session carries its id here (the router's key)
 
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1, description="a token id (the server checks it against its vocabulary)")]
 TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_TOKENS)]
@@ -98,8 +104,10 @@ class DecodingSettings(msgspec.Struct, forbid_unknown_fields=True):
 
 class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Score `draft` after the session's tokens + `pending`, judge it, roll back to what it kept.
-    Without `session` it opens one: `clip` and `config` are then required, and `pending` is the
-    answer accepted so far (the prompt comes from the clip)."""
+    With `clip` it opens a session (`config` is then required, and `pending` is the answer accepted
+    so far; the prompt comes from the clip): under the id `session` when given (the client's,
+    matching SESSION_ID_PATTERN; one the same token holds is replaced: a rebuild), else under one
+    the server mints. Without `clip`, `session` names the session to verify in."""
     draft: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_DRAFT)]
     session: Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID)] | None = None
     clip: Clip | None = None
@@ -111,9 +119,11 @@ class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 class OpenRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Open a session with the clip and run its prefill now (`--upload eager`): the server hears
-    the clip while the edge drafts, and the first verification sends only ids."""
+    the clip while the edge drafts, and the first verification sends only ids. `session`: the id
+    to open it under (as in VerifyRequest), else one the server mints."""
     clip: Clip
     config: DecodingSettings
+    session: Annotated[str, Meta(pattern=SESSION_ID_PATTERN)] | None = None
 
 
 class Opened(msgspec.Struct):
@@ -164,8 +174,18 @@ class ErrorBody(msgspec.Struct):
     code: str
 
 
+class ReplicaHealth(msgspec.Struct):
+    """One replica of a fleet (`specdec serve --replicas N`) in /health."""
+    replica: str         # Ray Serve's replica id
+    pid: int             # its process (the one to kill to see failover)
+    node: str            # the Ray node it runs on
+    sessions: int        # sessions it holds
+
+
 class Health(msgspec.Struct):
-    """GET /health: what the server hosts and how it is set up."""
+    """GET /health: what the server hosts and how it is set up. `sessions`: open sessions (a
+    fleet's: over its replicas); `replicas`: 1 for one process, else the fleet's live replicas,
+    each in `per_replica` (empty for one process)."""
     status: Literal["ok"]
     model: str
     fingerprint: str     # the weights' hash
@@ -185,6 +205,8 @@ class Health(msgspec.Struct):
     session_ttl_s: float
     batch_window_ms: float
     max_batch: int
+    replicas: int = 1
+    per_replica: list[ReplicaHealth] = []
 
 
 class Closed(msgspec.Struct):

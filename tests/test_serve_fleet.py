@@ -1,0 +1,257 @@
+"""Issue 35 against the real engine: `specdec serve --replicas 2` on a real local Ray Serve (two
+replicas of the bundled demo cloud, half a CPU each), every client through its one HTTP address.
+
+One fleet is started for the module (Ray and Ray Serve take tens of seconds to start) on a free
+loopback port, and stopped by its pid at the end; the teardown checks that every process under it
+is gone. The oracle is the in-process batch (edge and cloud in one process) on held-out clips:
+  * the same records (description, tokens, cloud calls) through the fleet, and sticky routing
+    checked from the servers' side: every session id was prefilled exactly once over all replicas
+    (/metrics, `specdec_session_prefills_total` per replica), and no clip rebuilt a session;
+  * one replica SIGKILLed by its pid (from /health) while it holds sessions mid-batch: the batch
+    ends with every clip recorded once and equal to the oracle, at least one rebuild, and on the
+    surviving replica no session prefilled twice; Ray Serve then starts a replacement.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from cli_helpers import heldout_clips
+from remote_helpers import SPECDEC, Server
+from typer.testing import CliRunner
+
+from specdec_cli.commands.app import app
+from specdec_cli.results import read_records
+
+pytest.importorskip("ray.serve")  # in the test extra; the skip only spares a bare install
+
+pytestmark = pytest.mark.spawns
+PRESET = "quality"  # escalates on most clips: many sessions on both replicas
+COMPARED = ("description", "tokens", "cloud_calls", "error")
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    log = tmp_path_factory.mktemp("fleet") / "serve.log"
+    server = Server("--replicas", "2", "--replica-cpus", "0.5", log=log)
+    server.start(timeout=300)
+    yield server
+    tree = descendants(server.proc.pid)
+    os.kill(server.proc.pid, signal.SIGTERM)
+    try:
+        code = server.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        code = None
+    deadline = time.monotonic() + 30
+    while (left := {p for p in tree if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # ours: started under the fleet's process
+        os.kill(pid, signal.SIGKILL)
+    assert code == 0, server.logged()[-2000:]
+    assert not left, f"processes left running after the fleet stopped: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> list[Path]:
+    return heldout_clips(tmp_path_factory, 10, 700)
+
+
+@pytest.fixture(scope="module")
+def oracle(clips, tmp_path_factory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("oracle") / "r.jsonl"
+    result = CliRunner().invoke(app, ["batch", str(clips[0].parent), "--out", str(out), "--preset", PRESET])
+    assert result.exit_code == 0, result.output
+    return by_name(out)
+
+
+def by_name(path: Path) -> dict[str, dict]:
+    records = read_records(path)
+    names = [Path(r["file"]).name for r in records]
+    assert len(names) == len(set(names)), f"a clip recorded twice: {sorted(names)}"
+    return {Path(r["file"]).name: r for r in records}
+
+
+def health(fleet: Server) -> dict:
+    return httpx.get(f"{fleet.url}/health", timeout=30).json()
+
+
+def prefills(fleet: Server) -> dict[tuple[str, str], float]:
+    """(replica, session prefix) -> prefills, over the fleet's live replicas."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{fleet.url}/metrics", timeout=30).text
+    return {(s.labels["replica"], s.labels["session"]): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "specdec_session_prefills_total"}
+
+
+def settled_prefills(fleet: Server, sessions: int, known: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """The new (replica, session) prefill counts once `sessions` sessions show (replicas report
+    every second)."""
+    deadline = time.monotonic() + 20
+    while True:
+        new = {k: v for k, v in prefills(fleet).items() if k not in known}
+        if len({s for _, s in new}) >= sessions or time.monotonic() > deadline:
+            return new
+        time.sleep(0.5)
+
+
+def test_two_replicas_answer_as_in_process_and_route_each_session_to_one(fleet, clips, oracle, tmp_path):
+    info = health(fleet)
+    assert info["replicas"] == 2 and len(info["per_replica"]) == 2
+    assert all(alive(r["pid"]) for r in info["per_replica"])
+    known = set(prefills(fleet))
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["batch", str(clips[0].parent), "--out", str(out), "--preset", PRESET,
+                                      "--cloud", fleet.url])
+    assert result.exit_code == 0, result.output
+    records = by_name(out)
+    assert {n: {k: r[k] for k in COMPARED} for n, r in records.items()} == \
+           {n: {k: r[k] for k in COMPARED} for n, r in oracle.items()}
+    assert all(r["rebuilds"] == 0 for r in records.values())
+    escalated = sum(1 for r in records.values() if r["cloud_calls"] > 0)
+    assert escalated >= 5
+    new = settled_prefills(fleet, escalated, known)
+    per_session = Counter()
+    for (_, session), count in new.items():
+        per_session[session] += count
+    assert len(per_session) == escalated and set(per_session.values()) == {1}, per_session
+    assert len({replica for replica, _ in new}) == 2, "every session went to one replica"
+
+
+def test_a_replica_killed_mid_batch_costs_rebuilds_and_nothing_else(fleet, clips, oracle, tmp_path):
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for copy in ("a", "b", "c"):
+        for clip in clips:
+            shutil.copy(clip, folder / f"{copy}_{clip.name}")
+    total = len(clips) * 3
+    out = tmp_path / "r.jsonl"
+    before = health(fleet)
+    batch = subprocess.Popen([SPECDEC, "--threads", "1", "batch", str(folder), "--out", str(out),
+                              "--preset", PRESET, "--cloud", fleet.url],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    victim = None
+    deadline = time.monotonic() + 120
+    try:
+        while victim is None and time.monotonic() < deadline and batch.poll() is None:
+            busy = [r for r in health(fleet)["per_replica"] if r["sessions"] > 0]
+            if busy and out.exists() and out.read_text().count("\n") >= 1:
+                victim = busy[0]
+                os.kill(victim["pid"], signal.SIGKILL)
+            else:
+                time.sleep(0.2)
+        output, _ = batch.communicate(timeout=300)
+    finally:
+        if batch.poll() is None:
+            batch.kill()
+    assert victim is not None, "no replica held a session while the batch ran"
+    assert batch.returncode == 0, output
+    lines = out.read_text().splitlines()
+    assert len(lines) == total  # nothing lost, nothing twice
+    records = by_name(out)
+    for name, record in records.items():
+        want = oracle[name.split("_", 1)[1]]
+        assert {k: record[k] for k in COMPARED} == {k: want[k] for k in COMPARED}, name
+    assert sum(r["rebuilds"] for r in records.values()) >= 1  # the killed replica's sessions
+    survivor = next(r["replica"] for r in before["per_replica"] if r["replica"] != victim["replica"])
+    on_survivor = {s: n for (replica, s), n in prefills(fleet).items() if replica == survivor}
+    assert on_survivor and set(on_survivor.values()) == {1}, on_survivor  # no session there prefilled twice
+    # Ray Serve starts a replacement for the killed replica.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        now = health(fleet)
+        pids = {r["pid"] for r in now["per_replica"]}
+        if now["replicas"] == 2 and victim["pid"] not in pids:
+            break
+        time.sleep(1)
+    assert now["replicas"] == 2 and victim["pid"] not in pids, now
+
+
+# -- the fleet's own pieces, without a fleet -----------------------------------------------------------
+
+def test_fleet_metrics_label_every_replicas_samples_and_health_sums_them():
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdec_cli.scale.serve_fleet import Report, fleet_health, fleet_metrics, live
+
+    def replica(sessions: int, prefilled: dict[str, int]) -> str:
+        r = CollectorRegistry()
+        Gauge("specdec_sessions_open", "Open sessions", registry=r).set(sessions)
+        c = Counter("specdec_session_prefills", "Prefills", ["session"], registry=r)
+        for sid, n in prefilled.items():
+            c.labels(sid).inc(n)
+        return generate_latest(r).decode()
+    now = time.time()
+    reports = [Report("aaa", 11, "n1", 2, replica(2, {"s1": 1, "s2": 1}), now),
+               Report("bbb", 12, "n1", 1, replica(1, {"s3": 2}), now - 1),
+               Report("ccc", 13, "n2", 5, replica(5, {"s4": 1}), now - 60)]  # gone quiet: left out
+    alive_now = live(reports, now)
+    assert [r.replica for r in alive_now] == ["aaa", "bbb"]
+    samples = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(fleet_metrics(alive_now).decode())
+               for s in f.samples]
+    assert ("specdec_sessions_open", {"replica": "aaa"}, 2.0) in samples
+    assert ("specdec_sessions_open", {"replica": "bbb"}, 1.0) in samples
+    prefills = {(s[1]["replica"], s[1]["session"]): s[2] for s in samples if s[0] == "specdec_session_prefills_total"}
+    assert prefills == {("aaa", "s1"): 1, ("aaa", "s2"): 1, ("bbb", "s3"): 2}
+    merged = fleet_health({"status": "ok", "sessions": 2, "replicas": 1, "per_replica": []}, alive_now)
+    assert merged["sessions"] == 3 and merged["replicas"] == 2
+    assert merged["per_replica"] == [{"replica": "aaa", "pid": 11, "node": "n1", "sessions": 2},
+                                     {"replica": "bbb", "pid": 12, "node": "n1", "sessions": 1}]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--replicas", "2", "--autoscale", "1:3"], "give --replicas N or --autoscale MIN:MAX, not both"),
+    (["--autoscale", "3:1"], "--autoscale 3:1: need 1 <= MIN <= MAX and a TARGET above 0"),
+    (["--autoscale", "two"], "--autoscale takes MIN:MAX or MIN:MAX:TARGET (e.g. 1:4), not 'two'"),
+    (["--ray", "127.0.0.1:1", "--replicas", "2"], "no Ray cluster answers at 127.0.0.1:1"),
+])
+def test_fleet_flags_are_checked_in_one_line(args, message):
+    result = CliRunner().invoke(app, ["serve", "--port", "0", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {message}") and result.output.count("\n") == 1, result.output
+
+
+def test_the_fleet_needs_ray_serve_installed(monkeypatch):
+    import sys
+
+    from specdec_cli.scale.serve_fleet import INSTALL_HINT
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `from ray import serve` fails as on a bare install
+    result = CliRunner().invoke(app, ["serve", "--replicas", "2"])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {INSTALL_HINT}"
