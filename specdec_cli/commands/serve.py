@@ -42,6 +42,16 @@ def serve(
                                                   "headers (from connecting, or from the last answer).")] = 10.0,
     body_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may take to send its body.")] = 60.0,
     keep_alive_timeout: Annotated[int, typer.Option(min=1, help="Seconds an idle keep-alive connection stays open.")] = 5,
+    max_requests_per_token: Annotated[int, typer.Option(min=0, help="Requests one token may have in flight (being "
+                                                        "read, waiting or running); beyond it 503, before the body "
+                                                        "is read (0: its share of sessions).")] = 0,
+    max_waiting_per_token: Annotated[int, typer.Option(min=1, help="Requests one token may have waiting for a turn "
+                                                       "of the model or a batch; beyond it 503.")] = 8,
+    prep_slots: Annotated[int, typer.Option(min=1, help="Clips decoded (samples to features) at once; the turns "
+                                            "go round the tokens.")] = 2,
+    fair_hold_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a free turn of the model is kept for the "
+                                                "token that has had less model time than the next waiter "
+                                                "(its next request is a round trip away; 0: never).")] = 20.0,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT` (limits: docs/security.md)."""
     from ..models import demo_pair
@@ -60,6 +70,7 @@ def serve(
         sys.stderr.flush()
     options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
                                   max_connections, header_timeout, body_timeout, keep_alive_timeout,
-                                  max_generate_batch)
+                                  max_generate_batch, max_requests_per_token, max_waiting_per_token, prep_slots,
+                                  fair_hold_ms)
     server.serve(hosted, host, port, options, announce, sock)
     sys.stderr.write("specdec serve: stopped\n")
