@@ -97,7 +97,8 @@ def counters(client: httpx.Client) -> dict[str, float]:
     text = client.get("/metrics", headers=auth(0)).text
     return {f"{s.name}{{{','.join(f'{k}={v}' for k, v in s.labels.items())}}}": s.value
             for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name.startswith(("specdec_abandoned", "specdec_cancelled", "specdec_requests_total"))}
+            if s.name.startswith(("specdec_abandoned", "specdec_cancelled", "specdec_requests_total"))
+            and not s.name.endswith("_created")}
 
 
 def loadavg() -> list[float]:

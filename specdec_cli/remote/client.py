@@ -492,8 +492,8 @@ class RemoteCloud:
         """One verification's round trip (several if the session must be rebuilt), its answer
         checked and counted."""
         if self._opening is not None:  # the eager upload first (already done on the verification thread)
-            self._opening.result()
-            self._opening = None
+            opening, self._opening = self._opening, None
+            opening.result()  # a bad answer to it fails the clip here, once
         for _ in range(self.MAX_REBUILDS + 1):
             request = self._request(sequence, draft, sampling)
             sent = time.perf_counter()
