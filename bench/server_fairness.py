@@ -280,8 +280,10 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=20.0, help="slow: how long the bodies drip")
     parser.add_argument("--tries", type=int, default=15, help="slow: B's verifications")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("serve_flags", nargs="*", help="extra `specdec serve` flags (after --)")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.serve_flags = argv[cut + 1:]  # extra `specdec serve` flags
     if args.count is None:
         args.count = {"abandon": 120, "flood": 100, "slow": 185}[args.run]
 

@@ -249,10 +249,12 @@ class Gone(Exception):
     """The client closed its connection before its answer: nobody is waiting for one."""
 
 
-async def watch_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]], work: Awaitable[T]) -> T:
-    """`work`'s result, or `Gone` as soon as the client disconnects (`work` is cancelled, and
-    awaited: a forward it runs in a worker thread finishes first). Call once the request's body
-    has been read: from then on the ASGI receive channel carries nothing but `http.disconnect`."""
+async def watch_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]], work: Awaitable[T],
+                           on_gone: Callable[[], None] | None = None) -> T:
+    """`work`'s result, or `Gone` as soon as the client disconnects (`on_gone()` is called, then
+    `work` is cancelled and awaited: a forward it runs in a worker thread finishes first, so
+    `on_gone` is how such work learns to stop early). Call once the request's body has been read:
+    from then on the ASGI receive channel carries nothing but `http.disconnect`."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(receive())
     try:
@@ -267,6 +269,8 @@ async def watch_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]], wor
     message = watcher.result()
     if message.get("type") != "http.disconnect":  # (a pipelined request's bytes: not ours to read)
         return await task
+    if on_gone is not None:
+        on_gone()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task

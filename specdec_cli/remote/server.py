@@ -442,10 +442,11 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                                              generate_cancelled)
                  if options.max_generate_batch > 1 else None)
 
-    async def until_gone(request: Request, endpoint: str, work: Awaitable[Response]) -> Response:
+    async def until_gone(request: Request, endpoint: str, work: Awaitable[Response],
+                         on_gone: Callable[[], None] | None = None) -> Response:
         """`work` (the request once its body is read), cancelled when its client disconnects."""
         try:
-            return await fairness.watch_disconnect(request.receive, work)
+            return await fairness.watch_disconnect(request.receive, work, on_gone)
         except fairness.Gone:
             metrics.abandoned.labels(endpoint).inc()
             raise ApiError(499, "client_gone", "the client closed the connection before the answer") from None
@@ -575,9 +576,11 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         owner = owner_of(request)
         with in_flight(owner):
             req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest)
-            return await until_gone(request, "generate", generate_read(request, owner, req))
+            gone = threading.Event()  # a generation run alone (HF generate) stops at its next step
+            return await until_gone(request, "generate", generate_read(request, owner, req, gone), gone.set)
 
-    async def generate_read(request: Request, owner: int, req: wire.GenerateRequest) -> Response:
+    async def generate_read(request: Request, owner: int, req: wire.GenerateRequest,
+                            gone: threading.Event) -> Response:
         cfg = config_of(req.config, "cloud")
         if len(req.clip.prompt_ids) + cfg.max_new_tokens > hosted.context:
             raise ApiError(400, "too_long", "the prompt plus max_new_tokens are over the model's context")
@@ -593,7 +596,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             def run() -> Any:
                 from ..decoding.baselines import generate_baseline
 
-                return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad)
+                return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad, gone.is_set)
             result = await in_worker(run, owner)
         memory.soon()  # its cache is gone
         s = result.stats
