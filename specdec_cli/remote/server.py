@@ -22,9 +22,9 @@ connections (limits.py), sessions (sessions.py: in total and per token) and bodi
 are listed in docs/security.md. Model work runs in a worker thread, one turn at a time, so /health
 and /metrics answer while a forward runs.
 
-Fair share and abandoned work (issue 33, fairness.py says how): the turns of the model, and of
-decoding clips (`--prep-slots` at a time), go round the tokens with requests waiting, and the batchers
-fill their batches one request per token in turn; a token has at most --max-requests-per-token
+Fair share and abandoned work (issue 33, fairness.py says how): the next turn of the model, and of
+decoding clips (`--prep-slots` at a time), goes to the waiting token that has had the least of it,
+and the batchers fill their batches one request per token in turn; a token has at most --max-requests-per-token
 requests in flight (checked from the head, before its body is read) and --max-waiting-per-token of
 them waiting for a turn or a batch (503 with Retry-After beyond either); a request whose client
 disconnects once its body is read is cancelled (it leaves its queue or its batch at the next step,
@@ -289,7 +289,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     memory = MemoryReturn()
     sessions = Sessions(options.max_sessions, options.session_ttl_s, metrics, per_token=options.per_token,
                         on_drop=memory.soon)
-    # One forward at a time (the model and its rope_deltas are shared), the turns round the tokens.
+    # One forward at a time (the model and its rope_deltas are shared), the turns shared fairly.
     def cancelled_queued() -> None:
         metrics.cancelled.labels("queued").inc()
     model_turns = fairness.Turns(1, options.max_waiting_per_token, cancelled_queued, options.fair_hold_ms / 1000)
