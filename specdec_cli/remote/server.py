@@ -338,7 +338,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         except TimeoutError:
             raise ApiError(408, "timeout", f"the body did not arrive within {options.body_timeout_s:g} s",
                            {"Connection": "close"}) from None
-        except ClientDisconnect:
+        except ClientDisconnect:  # the client went while sending: counted with the abandoned requests
+            metrics.abandoned.labels({"/v1/verify": "verify", "/v1/generate": "generate",
+                                      "/v1/sessions": "open"}.get(request.url.path, "other")).inc()
             raise ApiError(400, "truncated", "the body ended before its Content-Length") from None
         try:
             return wire.decode(kind, b"".join(chunks), request.headers.get("content-type"))
