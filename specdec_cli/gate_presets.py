@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from .decoding.gate import MeaningGate
 from .errors import InputError
 from .presets import GATE_KEYS as PRESET_GATE_KEYS  # the keys a preset may hold for the gate (besides verify)
 from .presets import GATE_TABLE as TABLE
-from .presets import GATE_TABLE_KEYS, PresetFiles, layered_files
+from .presets import GATE_TABLE_KEYS, MAX_GATE_IDS, PresetFiles, layered_files, read_toml
 
 __all__ = ["PRESET_GATE_KEYS", "TABLE", "gate_file", "gate_id", "gate_toml", "load_gate", "load_gates", "parse_gate",
            "meaning_preset_lines", "preset_gate_lines"]
@@ -70,6 +69,8 @@ def parse_gate(table: Mapping[str, Any], source: str = "presets file") -> Meanin
     ids, weights = table.get("ids", []), table.get("weights", [])
     if not isinstance(ids, list) or not isinstance(weights, list) or len(ids) != len(weights):
         raise bad("ids and weights must be two lists of the same length")
+    if len(ids) > MAX_GATE_IDS:  # before any per-id check: at most one weight per vocabulary entry
+        raise bad(f"{len(ids):,} ids, more than any vocabulary has (at most {MAX_GATE_IDS:,})")
     if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids) or len(set(ids)) != len(ids):
         raise bad("ids must be distinct non-negative integers")
     if any(not isinstance(w, int | float) or isinstance(w, bool) or not (0.0 <= w <= 1.0) for w in weights):
@@ -93,10 +94,7 @@ def load_gate(path: Path | None, tokenizer: str | None = None) -> MeaningGate | 
     presets fall back to the entropy gate. InputError when the file or the table is malformed."""
     if path is None:
         return None
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"cannot read presets file {path}: {exc}") from exc
+    data = read_toml(path)
     table = data.get(TABLE)
     if table is None:
         return None
@@ -119,10 +117,7 @@ def gate_file(files: PresetFiles) -> Path | None:
     """The last of the layered presets files that holds a `[gate]` table (None: none does)."""
     chosen: Path | None = None
     for path in layered_files(files):
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InputError(f"cannot read presets file {path}: {exc}") from exc
+        data = read_toml(path)
         if TABLE in data:
             chosen = path
     return chosen

@@ -28,6 +28,13 @@ _KEYS = PRESET_KEYS + GATE_KEYS + EXTRA_KEYS
 # What a preset's table (or a configs/*.toml file) may hold: a key outside it is a typo, refused
 # (a misspelled `treshold` silently ignored decodes with another threshold than the user wrote).
 ALLOWED_KEYS = ("description",) + _KEYS
+# A [gate] table lists at most one weight per vocabulary entry; the widest released vocabularies
+# are ~262k entries (Qwen2.5-Omni's: 152,064). A longer table is refused before anything else
+# (issue 33: one of 10 M ids, a 119 MB file, took > 300 s and 1.65 GB to parse).
+MAX_GATE_IDS = 1 << 18
+# A presets file is read whole by tomllib (pure Python, ~1.5 MB/s): its size is checked first. A
+# [gate] table of MAX_GATE_IDS ids as `specdec calibrate` writes it takes 7.4 MB.
+MAX_PRESETS_BYTES = 8 << 20
 
 
 def configs_dir() -> Path:
@@ -47,13 +54,24 @@ class Preset:
     description: str = ""
 
 
+def read_toml(path: Path) -> dict:
+    """A presets file parsed, after its size is checked (MAX_PRESETS_BYTES): InputError, one line."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PRESETS_BYTES + 1)
+        if len(raw) > MAX_PRESETS_BYTES:
+            raise InputError(f"presets file {path} is over {MAX_PRESETS_BYTES >> 20} MB: a presets file holds a few "
+                             f"presets and at most one [{GATE_TABLE}] table of {MAX_GATE_IDS:,} ids (one per "
+                             "vocabulary entry); rewrite it with `specdec calibrate`")
+        return tomllib.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"cannot read presets file {path}: {exc}") from exc
+
+
 def _read(path: Path, layered: bool = True) -> dict:
     """The file's presets, every key checked. `layered`: a model folder's or --presets file (one
     [name] table per preset); else a configs/*.toml file (one preset, its keys at the top)."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"cannot read presets file {path}: {exc}") from exc
+    data = read_toml(path)
     if not layered:
         _check_keys(data, path, "")
         return data

@@ -190,6 +190,21 @@ def decoding_config(preset: Preset, overrides: dict[str, Any]) -> DecodingConfig
         raise InputError(f"bad decoding option: {exc}") from exc
 
 
+def check_wire_settings(cfg: DecodingConfig) -> None:
+    """`cfg` by the schema a `specdec serve` checks it with (remote/wire.py's DecodingSettings, the
+    same ranges): a preset the server would refuse is an InputError before any model loads, not a
+    failure of every clip after they have (issue 33)."""
+    import msgspec
+
+    from .remote import wire
+
+    try:
+        msgspec.convert(cfg.as_dict(), wire.DecodingSettings)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"a `specdec serve` cloud refuses these decoding settings ({wire.first_line(exc)}); "
+                         "change the preset or the flag that sets it") from None
+
+
 # -- one run ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -291,6 +306,7 @@ class PairSpec:
             fitted = active(cfg, self.gate)
             gate = gate_id(fitted) if fitted is not None else None
         if self.cloud_info is not None:
+            check_wire_settings(cfg)  # what the server would refuse: one line now, before a model loads
             info = self.cloud_info  # as RemoteClient.model_id and .fingerprint read it
             run = RunSettings.of(cfg, name, edge, str(info.get("model", cloud.rstrip("/"))), self.dtype,
                                  str(info.get("fingerprint", "")), gate)

@@ -59,6 +59,16 @@ def serve(
                                                   show_default=False)] = None,
     replica_cpus: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves for each replica (its torch "
                                                 "threads: the whole number of them, at least 1).")] = 1.0,
+    max_requests_per_token: Annotated[int, typer.Option(min=0, help="Requests one token may have in flight (being "
+                                                        "read, waiting or running); beyond it 503, before the body "
+                                                        "is read (0: its share of sessions).")] = 0,
+    max_waiting_per_token: Annotated[int, typer.Option(min=1, help="Requests one token may have waiting for a turn "
+                                                       "of the model or a batch; beyond it 503.")] = 8,
+    prep_slots: Annotated[int, typer.Option(min=1, help="Clips decoded (samples to features) at once; the turns "
+                                            "go round the tokens.")] = 2,
+    fair_hold_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a free turn of the model is kept for the "
+                                                "token that has had less model time than the next waiter "
+                                                "(its next request is a round trip away; 0: never).")] = 20.0,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT` (limits: docs/security.md)."""
     from ..models import demo_pair
@@ -77,7 +87,8 @@ def serve(
         sys.stderr.flush()
     options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
                                   max_connections, header_timeout, body_timeout, keep_alive_timeout,
-                                  max_generate_batch)
+                                  max_generate_batch, max_requests_per_token, max_waiting_per_token, prep_slots,
+                                  fair_hold_ms)
     if fleet is not None:  # each replica loads the model; this process only deploys them
         from ..scale import serve_fleet
 

@@ -3,10 +3,10 @@ stop rules as the speculative loop (F13), so the three modes differ only in who 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria
 
 from .config import DecodingConfig
 from .loop import DecodeResult, DecodeStats
@@ -31,6 +31,16 @@ class ForwardCounter:
         self._handle.remove()
 
 
+class _Stop(StoppingCriteria):
+    """Ends every row at the next step once `stop()` says so (the server: the requester has gone)."""
+
+    def __init__(self, stop: Callable[[], bool]) -> None:
+        self.stop = stop
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.stop(), dtype=torch.bool, device=input_ids.device)
+
+
 def generation_config(cfg: DecodingConfig, eos_ids: list[int], pad_id: int | None) -> GenerationConfig:
     """A clean config: nothing from the checkpoint's generation_config.json (top_p, penalties…)
     sneaks in; our processors carry every rule."""
@@ -51,6 +61,7 @@ def generate_baseline(
     masks: VocabMasks,
     eos_ids: list[int],
     pad_id: int | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> DecodeResult:
     """One model alone, HF `generate`, our processors and stop rules. Its forwards after prefill
     are reported as cloud calls (cloud mode) or edge forwards (edge mode); in cloud mode the
@@ -69,7 +80,7 @@ def generate_baseline(
                 **inputs,
                 generation_config=generation_config(cfg, eos_ids, pad_id),
                 logits_processor=rules.processors,
-                stopping_criteria=[rules.sentence_end],
+                stopping_criteria=[rules.sentence_end] + ([_Stop(stop)] if stop is not None else []),
             )
     finally:
         counter.close()

@@ -9,7 +9,8 @@ remote/batching.py): `accepted` within the draft; `bonus` exactly when the whole
 accepted; a token within the vocabulary; a target row only where the client draws the recovered
 token itself (sampling, a rejection), as wide as the vocabulary, a probability distribution; the
 tokens the session holds, those fed and the prompt tokens prefilled equal to what the request
-implies; a session id the client can put in a URL.
+implies; a session id the client can put in a URL. An eager open's answer (`opened`) is held to
+the same: the server's own id pattern, the prompt held, prefilled and its forwards in range.
 """
 
 from __future__ import annotations
@@ -98,6 +99,25 @@ def verdict(answer: wire.VerifyResponse, request: wire.VerifyRequest, sequence_l
         raise Unusable(f"{answer.forwards} forwards of {answer.all_forwards} for {answer.fed + answer.prefilled} tokens")
     if not answer.ended and not SESSION_ID.fullmatch(answer.session):
         raise Unusable(f"a session id of {len(answer.session)} characters, not the URL-safe id it mints")
+    # Protocol 2: the client names a session it opens, and a session-affine router places its later
+    # requests by that name; an answer under another id would send them where the session is not.
+    if not answer.ended and request.session is not None and answer.session != request.session:
+        raise Unusable("a session id other than the one the request named")
+
+
+def opened(answer: wire.Opened, prompt_len: int, session: str | None = None) -> None:
+    """An eager open's answer, checked as a verdict is (issue 33): the session id is the URL-safe id
+    the server mints, and it holds the prompt, prefilled by at least one forward and at most one a token."""
+    if not SESSION_ID.fullmatch(answer.session):
+        raise Unusable(f"a session id of {len(answer.session)} characters, not the URL-safe id it mints")
+    if session is not None and answer.session != session:
+        raise Unusable("a session id other than the one the open named")
+    expected = {"held": prompt_len, "prefilled": prompt_len}
+    for name, want in expected.items():
+        if getattr(answer, name) != want:
+            raise Unusable(f"{name} = {getattr(answer, name)} where the opened prompt implies {want}")
+    if not 1 <= answer.all_forwards <= answer.prefilled:
+        raise Unusable(f"{answer.all_forwards} forwards for a prefill of {answer.prefilled} tokens")
 
 
 def target_row(row: wire.SparseRow, vocab: int) -> np.ndarray:

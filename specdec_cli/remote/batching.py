@@ -41,13 +41,15 @@ leaves the caches it was writing in an unknown state.
 to the window for others, up to `max_batch`, while anyone else could send one (an idle open
 session, or a request still being read or opening its session; a lone client never waits); the batch then runs in a worker thread (under the
 server's model lock) while new requests queue, and those form the next batch at once when it is
-done (their window has passed while they waited).
+done (their window has passed while they waited). The queue is taken one request per token in
+turn (fairness.RoundRobin, issue 33), so a token that floods verifications fills a batch only
+with the room other tokens leave; a request whose client has gone (its future cancelled) is
+dropped before its batch is formed (`on_cancel`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,7 @@ from typing import Any
 import torch
 
 from . import wire
+from .fairness import RoundRobin
 
 
 @dataclass
@@ -211,13 +214,14 @@ class Batcher:
     answer (or exception) per job."""
 
     def __init__(self, run: Callable[[list[Job]], Awaitable[list[Any]]], window_s: float, max_batch: int,
-                 senders: Callable[[], int] | None = None) -> None:
+                 senders: Callable[[], int] | None = None, on_cancel: Callable[[], None] | None = None) -> None:
         assert window_s > 0 and max_batch > 1, "a batcher batches: window > 0 and max_batch > 1"
         self.run, self.window_s, self.max_batch = run, window_s, max_batch
         # Who could send a job (an upper bound: the jobs queued or running included); None: always wait.
         self.senders = senders
+        self.on_cancel = on_cancel
         self._running = 0
-        self._queue: collections.deque[tuple[Job, asyncio.Future, float]] = collections.deque()
+        self._queue: RoundRobin[tuple[Job, asyncio.Future, float]] = RoundRobin()
         self._consumer: asyncio.Task | None = None
         self._arrived = asyncio.Event()
 
@@ -227,7 +231,7 @@ class Batcher:
     async def submit(self, job: Job) -> wire.VerifyResponse:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.append((job, future, loop.time()))
+        self._queue.push(job.session.owner, (job, future, loop.time()))
         if self._consumer is None or self._consumer.done():
             self._arrived = asyncio.Event()  # bound to this loop
             self._consumer = loop.create_task(self._consume())
@@ -246,7 +250,7 @@ class Batcher:
             # The window counts from the first job's arrival: jobs that queued behind a running
             # batch have waited long enough and go at once. No wait either when nobody else could
             # send one (a lone client's verification never waits).
-            deadline = self._queue[0][2] + self.window_s
+            deadline = min(arrived for _, _, arrived in self._queue) + self.window_s
             while (len(self._queue) < self.max_batch and self._others() > 0
                    and (left := deadline - loop.time()) > 0):
                 self._arrived.clear()
@@ -254,7 +258,12 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), left)
                 except TimeoutError:
                     break
-            batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            for _ in range(self._queue.drop(lambda item: item[1].done())):  # their clients have gone
+                if self.on_cancel is not None:
+                    self.on_cancel()
+            batch = [item for _ in range(min(self.max_batch, len(self._queue))) if (item := self._queue.pop())]
+            if not batch:
+                continue
             self._running = len(batch)
             try:
                 answers = await self.run([job for job, _, _ in batch])

@@ -26,6 +26,7 @@ import os
 import secrets
 import threading
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -472,10 +473,9 @@ class RemoteCloud:
             log.warning("opening a session at %s failed (%s); the clip goes up at its first verification",
                         self.client.url, wire.first_line(exc))
             return
-        if opened.held != len(self.prompt_ids) or not opened.session:
-            log.warning("the cloud at %s opened a session holding %d tokens for a %d-token prompt; not used",
-                        self.client.url, opened.held, len(self.prompt_ids))
-            return
+        # Trusted no more than a verdict (issue 33): a bad answer is this server's CloudAnswerError,
+        # raised at the clip's first verification (the clip fails, as for a bad verdict).
+        self.client.check(answers.opened, opened, len(self.prompt_ids), self.session_id)
         self.session, self.held = opened.session, opened.held
         self._opened = (opened.prefilled, opened.all_forwards)
         self.client.upload_s.append(time.perf_counter() - sent)
@@ -519,8 +519,8 @@ class RemoteCloud:
         """One verification's round trip (several if the session must be rebuilt), its answer
         checked and counted."""
         if self._opening is not None:  # the eager upload first (already done on the verification thread)
-            self._opening.result()
-            self._opening = None
+            opening, self._opening = self._opening, None
+            opening.result()  # a bad answer to it fails the clip here, once
         for _ in range(self.MAX_REBUILDS + 1):
             request = self._request(sequence, draft, sampling)
             sent = time.perf_counter()
@@ -579,12 +579,17 @@ class RemoteCloud:
         self.client.clips += 1
         self.client.clips_verified += self._verified
         if self._opening is not None:
-            self._opening.result()  # never raises: _open logs its failures; bounded by the request deadline
+            try:  # bounded by the request deadline; _open logs its failures, and raises only for a bad answer
+                self._opening.result()
+            except CloudAnswerError as exc:  # the clip never verified: its description stands
+                log.warning("%s", wire.first_line(exc))
             self._opening = None
         if self.session is None:
             return
         sid, self.session = self.session, None
-        self.client.send_later("DELETE", f"/v1/sessions/{sid}", self.link, session=self.session_id)
+        # Escaped although answers.py admits only URL-safe ids: an id never reaches a URL as sent.
+        self.client.send_later("DELETE", f"/v1/sessions/{urllib.parse.quote(sid, safe='')}", self.link,
+                               session=self.session_id)
 
 
 def _error_body(answer: Answer) -> dict[str, Any]:

@@ -19,8 +19,16 @@ finite floats, lengths), then what depends on the model (token ids in its vocabu
 within its context, the clip's rate and length, bounded before it is decoded). Client input never
 gets a 5xx: a 5xx is a specdec bug, logged once with its traceback (http_errors.py). The limits on
 connections (limits.py), sessions (sessions.py: in total and per token) and bodies, and their flags,
-are listed in docs/security.md. Model work runs in a worker thread under one lock, so /health and
-/metrics answer while a forward runs.
+are listed in docs/security.md. Model work runs in a worker thread, one turn at a time, so /health
+and /metrics answer while a forward runs.
+
+Fair share and abandoned work (issue 33, fairness.py says how): the next turn of the model, and of
+decoding clips (`--prep-slots` at a time), goes to the waiting token that has had the least of it,
+and the batchers fill their batches one request per token in turn; a token has at most --max-requests-per-token
+requests in flight (checked from the head, before its body is read) and --max-waiting-per-token of
+them waiting for a turn or a batch (503 with Retry-After beyond either); a request whose client
+disconnects once its body is read is cancelled (it leaves its queue or its batch at the next step,
+and a session it was opening is not kept).
 
 Verifications of concurrent sessions that arrive within --batch-window-ms of each other run as one
 batched forward (at most --max-batch sessions; `batching.py` says how, who owns a session's cache
@@ -70,7 +78,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import InputError
-from . import access_log, limits, openapi, wire
+from . import access_log, fairness, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
 from .sessions import CloudSession, MemoryReturn, Sessions
 
@@ -85,6 +93,12 @@ MAX_BATCH = 16            # verifications in one forward
 MAX_GENERATE_BATCH = 16   # cloud-only generations decoded together (continuous batching)
 SESSION_PREFIX = access_log.PREFIX  # characters of a session id shown in /metrics (and the access log)
 PREFILL_LABELS = 4096     # sessions whose prefill count /metrics keeps
+MAX_WAITING_PER_TOKEN = 8  # requests of one token waiting for a turn of the model or a batch
+PREP_SLOTS = 2            # clips decoded (samples -> features) at once
+FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next request (fairness.Turns)
+# The batchers' own steps serve every token: they take their turns of the model as owners of their
+# own, never capped (their requests were counted against their tokens when they queued).
+VERIFY_BATCHES, GENERATE_STEPS = "verify-batches", "generate-steps"
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -205,6 +219,11 @@ class Metrics:
         self.prefills = Counter("specdec_session_prefills", "Prefills run per session (by its id's first 8 "
                                 "characters; the last 4096 sessions)", ["session"], registry=r)
         self._prefill_labels: OrderedDict[str, None] = OrderedDict()
+        self.abandoned = Counter("specdec_abandoned_requests", "Requests whose client disconnected before "
+                                 "the answer (their work cancelled), by endpoint", ["endpoint"], registry=r)
+        self.cancelled = Counter("specdec_cancelled_work", "Work dropped because its client had gone: queued "
+                                 "(left a queue before its turn), row (a generation left its batch), session "
+                                 "(a session being opened not kept)", ["what"], registry=r)
 
     def prefilled(self, sid: str) -> None:
         label = sid[:SESSION_PREFIX]
@@ -231,12 +250,20 @@ class ServeOptions:
     body_timeout_s: float = 60.0               # ... and its body within this after it
     keep_alive_timeout_s: int = 5              # an idle keep-alive connection is closed after this
     max_generate_batch: int = MAX_GENERATE_BATCH  # 1: one cloud-only generation at a time
+    max_requests_per_token: int = 0            # in flight at once; 0: the token's share of sessions (per_token)
+    max_waiting_per_token: int = MAX_WAITING_PER_TOKEN  # waiting for a turn of the model, or in a batcher's queue
+    prep_slots: int = PREP_SLOTS               # clips decoded at once
+    fair_hold_ms: float = FAIR_HOLD_MS         # a free model turn kept for a lighter owner's next request; 0: never
 
     @property
     def per_token(self) -> int:
         if self.max_sessions_per_token > 0:
             return min(self.max_sessions_per_token, self.max_sessions)
         return max(1, math.ceil(self.max_sessions / max(1, len(self.tokens))))
+
+    @property
+    def requests_per_token(self) -> int:
+        return self.max_requests_per_token if self.max_requests_per_token > 0 else self.per_token
 
 
 def check_bind(host: str, tokens: list[str]) -> None:
@@ -283,7 +310,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     memory = MemoryReturn()
     sessions = Sessions(options.max_sessions, options.session_ttl_s, metrics, per_token=options.per_token,
                         on_drop=memory.soon)
-    model_lock = threading.Lock()  # one forward at a time: the model and its rope_deltas are shared
+    # One forward at a time (the model and its rope_deltas are shared), the turns shared fairly.
+    def cancelled_queued() -> None:
+        metrics.cancelled.labels("queued").inc()
+    model_turns = fairness.Turns(1, options.max_waiting_per_token, cancelled_queued, options.fair_hold_ms / 1000)
+    prep_turns = fairness.Turns(options.prep_slots, options.max_waiting_per_token, cancelled_queued)
+    in_flight = fairness.InFlight(options.requests_per_token)
     tokens = [t.encode() for t in options.tokens]
     crashed = OnceLog()
     # Bodies: the longest clip as float32 (FLAC is smaller) plus room for ids and settings.
@@ -327,7 +359,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         except TimeoutError:
             raise ApiError(408, "timeout", f"the body did not arrive within {options.body_timeout_s:g} s",
                            {"Connection": "close"}) from None
-        except ClientDisconnect:
+        except ClientDisconnect:  # the client went while sending: counted with the abandoned requests
+            metrics.abandoned.labels({"/v1/verify": "verify", "/v1/generate": "generate",
+                                      "/v1/sessions": "open"}.get(request.url.path, "other")).inc()
             raise ApiError(400, "truncated", "the body ended before its Content-Length") from None
         try:
             return wire.decode(kind, b"".join(chunks), request.headers.get("content-type"))
@@ -383,11 +417,17 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
                 "input_features": features.to(device), "feature_attention_mask": feature_mask.to(device)}
 
-    async def in_worker(fn: Callable[[], Any]) -> Any:
-        def locked() -> Any:
-            with model_lock:
-                return fn()
-        return await to_thread.run_sync(locked)
+    async def in_worker(fn: Callable[[], Any], owner: Any, capped: bool = True) -> Any:
+        """fn() in a worker thread, in `owner`'s turn of the model. Cancelled while waiting for the
+        turn, it leaves the queue; once running, the thread finishes first (anyio shields it)."""
+        async with model_turns.turn(owner, capped):
+            return await to_thread.run_sync(fn)
+
+    async def prepared(clip: wire.Clip, owner: Any) -> dict[str, Any]:
+        """The clip's thinker inputs (decoding + features: CPU work), in `owner`'s turn of the
+        --prep-slots: one token's flood of long clips does not crowd out another's."""
+        async with prep_turns.turn(owner):
+            return await to_thread.run_sync(inputs_of, clip)
 
     def batch_failed(exc: BaseException, n: int) -> None:
         crashed(f"a batched forward of {n} verifications failed (a specdec bug); each was verified alone", exc)
@@ -395,11 +435,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     async def verify_batch(jobs: list[batching.Job]) -> list[Any]:
         """One answer or exception per job: batched, and alone when the batch fails (batching.py)."""
         metrics.batch_size.observe(len(jobs))
-        return await in_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed))
+        return await in_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed), VERIFY_BATCHES,
+                               capped=False)
 
     arriving = [0]  # verify requests in their handler (being read, checked, opened, or verified)
     batcher = (batching.Batcher(verify_batch, options.batch_window_ms / 1000, options.max_batch,
-                                lambda: sessions.idle() + arriving[0])
+                                lambda: sessions.idle() + arriving[0], cancelled_queued)
                if options.batch_window_ms > 0 and options.max_batch > 1 else None)
 
     def generate_alone(inputs: Any, cfg: Any) -> Any:
@@ -414,9 +455,24 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         from ..decoding.batch_loop import GenerateRows
 
         return GenerateRows(hosted.model, hosted.masks, hosted.eos_ids, "cloud")
-    generator = (generations.GenerateBatcher(generate_rows, in_worker, generate_alone, options.max_generate_batch,
-                                             generate_failed, metrics.generate_rows.observe)
+    def generate_cancelled(where: str) -> None:
+        metrics.cancelled.labels(where).inc()
+        memory.soon()  # its row's cache is gone
+
+    generator = (generations.GenerateBatcher(generate_rows, lambda fn: in_worker(fn, GENERATE_STEPS, capped=False),
+                                             generate_alone, options.max_generate_batch, generate_failed,
+                                             metrics.generate_rows.observe, options.max_waiting_per_token,
+                                             generate_cancelled)
                  if options.max_generate_batch > 1 else None)
+
+    async def until_gone(request: Request, endpoint: str, work: Awaitable[Response],
+                         on_gone: Callable[[], None] | None = None) -> Response:
+        """`work` (the request once its body is read), cancelled when its client disconnects."""
+        try:
+            return await fairness.watch_disconnect(request.receive, work, on_gone)
+        except fairness.Gone:
+            metrics.abandoned.labels(endpoint).inc()
+            raise ApiError(499, "client_gone", "the client closed the connection before the answer") from None
 
     async def verify_now(job: batching.Job) -> wire.VerifyResponse:
         """Batched with other sessions' verifications, or alone (--batch-window-ms 0 / --max-batch 1)."""
@@ -471,7 +527,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         """A session for `clip`, registered under `sid` (the client's) or a new id. `prefill`: run
         the prompt's prefill now (an eager open); else the cloud only takes the inputs and
         prefills lazily with the first draft (a verification)."""
-        inputs = await to_thread.run_sync(inputs_of, clip)  # decoding + features: off the event loop
+        inputs = await prepared(clip, owner)  # decoding + features: off the event loop, in turns
         sid = session_id(sid, owner)
         sessions.reserve(owner)  # 503 before any model work when the server (or this token's share) is full
 
@@ -483,7 +539,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 cloud.start(inputs)
             rules = DecodingRules.build(cfg, hosted.masks, len(prompt), hosted.eos_ids)
             return CloudSession(sid, owner, cloud, rules, len(prompt))
-        session = await in_worker(build)
+        try:
+            session = await in_worker(build, owner)
+        except asyncio.CancelledError:  # its client has gone: the session is not kept
+            metrics.cancelled.labels("session").inc()
+            memory.soon()
+            raise
         sessions.add(session)
         metrics.prefilled(sid)  # now (eager) or with its first draft (lazy): one prefill either way
         return session
@@ -491,7 +552,11 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     async def verify(request: Request) -> Response:
         started = time.perf_counter()
         owner = owner_of(request)
-        req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest)
+        with in_flight(owner):
+            req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest)
+            return await until_gone(request, "verify", verify_read(request, owner, req, started))
+
+    async def verify_read(request: Request, owner: int, req: wire.VerifyRequest, started: float) -> Response:
         k = len(req.draft)
         check_ids(req.draft, "the draft")
         check_ids(req.pending, "pending")
@@ -528,6 +593,13 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             verdict = await verify_now(batching.Job(session, sequence, req))
         except ApiError:
             raise
+        except asyncio.CancelledError:
+            # Its client has gone: nobody will send the next draft; a session it was opening, or
+            # one whose state the client will never learn, is not kept.
+            session.busy = False
+            if sessions.abandon(session.id, owner):
+                metrics.cancelled.labels("session").inc()
+            raise
         except Exception:
             # It failed alone too: the session's state is unknown; end it (the client rebuilds).
             session.busy = False
@@ -544,25 +616,31 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         return answer(request, verdict)
 
     async def generate(request: Request) -> Response:
-        owner_of(request)
-        req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest)
+        owner = owner_of(request)
+        with in_flight(owner):
+            req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest)
+            gone = threading.Event()  # a generation run alone (HF generate) stops at its next step
+            return await until_gone(request, "generate", generate_read(request, owner, req, gone), gone.set)
+
+    async def generate_read(request: Request, owner: int, req: wire.GenerateRequest,
+                            gone: threading.Event) -> Response:
         cfg = config_of(req.config, "cloud")
         if len(req.clip.prompt_ids) + cfg.max_new_tokens > hosted.context:
             raise ApiError(400, "too_long", "the prompt plus max_new_tokens are over the model's context")
         pad = req.pad_id
         if pad is not None:
             check_ids([pad], "pad_id")
-        inputs = await to_thread.run_sync(inputs_of, req.clip)
+        inputs = await prepared(req.clip, owner)
         if generator is not None and not cfg.sample:
             # Continuously batched with the other generations (generations.py). The pad id is HF
             # generate's for finished rows of a batch; a batch-1 greedy run never pads.
-            result = await generator.submit(inputs, cfg)
+            result = await generator.submit(inputs, cfg, owner)
         else:
             def run() -> Any:
                 from ..decoding.baselines import generate_baseline
 
-                return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad)
-            result = await in_worker(run)
+                return generate_baseline(hosted.model, inputs, cfg, hosted.masks, hosted.eos_ids, pad, gone.is_set)
+            result = await in_worker(run, owner)
         memory.soon()  # its cache is gone
         s = result.stats
         metrics.generations.inc()
@@ -575,7 +653,11 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         """A session opened with its prefill run now: the client sends the clip at the start of
         the clip (`--upload eager`) and its first verification carries only ids."""
         owner = owner_of(request)
-        req: wire.OpenRequest = await body_of(request, wire.OpenRequest)
+        with in_flight(owner):
+            req: wire.OpenRequest = await body_of(request, wire.OpenRequest)
+            return await until_gone(request, "open", open_read(request, owner, req))
+
+    async def open_read(request: Request, owner: int, req: wire.OpenRequest) -> Response:
         cfg = config_of(req.config, "spec")
         prompt = list(req.clip.prompt_ids)
         if len(prompt) + 1 > hosted.context:
@@ -750,7 +832,9 @@ def serve(hosted: Hosted, host: str, port: int, options: ServeOptions,
                 announce(f"specdec serve: listening on http://{shown}:{bound[1]} · cloud {hosted.model_id} "
                          f"(vocab {hosted.vocab}, {hosted.dtype}, {hosted.device}, weights {hosted.fingerprint}) "
                          f"· at most {options.max_sessions} sessions ({options.per_token} per token), idle ones "
-                         f"closed after {options.session_ttl_s:g} s · at most {cap} connections{fewer} · "
+                         f"closed after {options.session_ttl_s:g} s · at most {cap} connections{fewer}, "
+                         f"{options.requests_per_token} requests in flight and {options.max_waiting_per_token} "
+                         f"waiting per token · "
                          f"{batching_note} · {'token required' if options.tokens else 'no token (loopback only)'}")
 
     # loop="asyncio": the connection guard is asyncio's accept() (limits.GuardedListener); uvloop

@@ -128,6 +128,16 @@ class Sessions:
         if sid in self._open:
             self._drop(sid, "ended")
 
+    def abandon(self, sid: str, owner: int) -> bool:
+        """The client of a request on this session went before its answer (issue 33): the session
+        is not kept, whatever it is doing (a batch may still hold its cache: the batch's copy goes
+        with the batch)."""
+        session = self._open.get(sid)
+        if session is None or session.owner != owner:
+            return False
+        self._drop(sid, "abandoned")
+        return True
+
     def _drop(self, sid: str, why: str) -> None:
         del self._open[sid]
         self.metrics.sessions.set(len(self._open))

@@ -1,0 +1,311 @@
+"""Does one token's abandoned or flooding work cost another token? (issue 33)
+
+    python bench/server_fairness.py abandon|flood|slow [--json] [--server-path DIR] [options] [-- SERVE FLAGS…]
+
+A real server process (`specdec --threads 1 serve --port 0`, the bundled demo cloud, two tokens A
+and B, plus any flags after `--`). `--server-path DIR` runs the server from another checkout's
+`specdec_cli` (PYTHONPATH=DIR), so the same run measures the code before a change.
+
+abandon: B's small cloud-only generate (`--small-seconds` clip, `--small-tokens` new tokens) is
+timed alone (median of 3) and the server's RSS read. Then A sends `--count` cloud-only generates of
+`--seconds` clips (each distinct, `--max-new-tokens`), all at once, one connection each, and closes
+each connection `--abandon-after` s after sending it. Right after the last is closed, B's generate
+is timed again, and the RSS is read when it is answered and `--settle` s later (VmHWM: the peak).
+Issue 33's target: B within 3x its unloaded time + 2 s, RSS within 400 MB of where it was.
+
+flood: B opens a session on a short clip and times `--verifies` verifications in it, one after the
+other (median: unloaded). Then A sends `--count` eager opens (`POST /v1/sessions`) of `--seconds`
+clips all at once while B keeps verifying (until every open of A is answered; at most
+`--max-loaded` verifications). Target: B's median within 3x unloaded. A's answers are counted by
+status (a bounded server answers some 503).
+
+slow: under a descriptor limit of `--nofile`, A opens `--count` connections that send a verify's
+head with a large Content-Length and then drip one body byte every 0.5 s; one second in, B tries
+`--tries` first verifications (short clip), one after the other. Reported: B's statuses.
+
+Each run prints the load averages (the machine is shared: judge figures with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+import msgspec  # noqa: E402
+import numpy as np  # noqa: E402
+
+from specdec_cli.audio import load_audio  # noqa: E402
+from specdec_cli.decoding import DecodingConfig  # noqa: E402
+from specdec_cli.models import load_pair  # noqa: E402
+from specdec_cli.remote import wire  # noqa: E402
+from specdec_cli.remote.local_server import LocalServer as Server  # noqa: E402
+
+TOKENS = ["tenant-a-" + "a" * 24, "tenant-b-" + "b" * 24]
+MP = {"Content-Type": wire.MSGPACK}
+
+
+def auth(i: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[i]}", **MP}
+
+
+class Clips:
+    """Distinct clips of any length: the samples end to end, each a different circular shift."""
+
+    def __init__(self) -> None:
+        self.pair = load_pair()
+        self.joined = np.concatenate([load_audio(p, 16000, 30.0) for p in sorted((REPO / "samples").glob("*.wav"))])
+        self._prompts: dict[int, list[int]] = {}
+
+    def clip(self, seconds: float, shift: int = 0) -> wire.Clip:
+        n = int(seconds * 16000)
+        audio = np.roll(np.resize(self.joined, n), shift * 977).astype(np.float32)
+        if n not in self._prompts:  # the same length, the same prompt
+            self._prompts[n] = self.pair.processor(audio)["input_ids"][0].tolist()
+        data, codec = wire.encode_audio(audio, 16000)
+        return wire.Clip(data, codec, 16000, self._prompts[n])
+
+
+def settings(**changes: object) -> wire.DecodingSettings:
+    return msgspec.convert({**DecodingConfig().as_dict(), **changes}, wire.DecodingSettings)
+
+
+def raw_post(port: int, path: str, token: int, body: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS[token]}\r\n"
+            f"Content-Type: {wire.MSGPACK}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    return sock
+
+
+def counters(client: httpx.Client) -> dict[str, float]:
+    """The server's counters of abandoned and cancelled work and of answers by status."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = client.get("/metrics", headers=auth(0)).text
+    return {f"{s.name}{{{','.join(f'{k}={v}' for k, v in s.labels.items())}}}": s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith(("specdec_abandoned", "specdec_cancelled", "specdec_requests_total"))
+            and not s.name.endswith("_created")}
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def rss_mb(server: Server, field: str = "VmRSS") -> float:
+    return round(server.rss_kb(field) / 1024, 1)
+
+
+def run_abandon(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    small = wire.encode(wire.GenerateRequest(clips.clip(args.small_seconds), settings(max_new_tokens=args.small_tokens)))
+    big_cfg = settings(max_new_tokens=args.max_new_tokens)
+    bodies = [wire.encode(wire.GenerateRequest(clips.clip(args.seconds, i + 1), big_cfg)) for i in range(args.count)]
+    client = httpx.Client(base_url=server.url, timeout=args.limit)
+
+    def small_once() -> float:
+        t0 = time.perf_counter()
+        r = client.post("/v1/generate", content=small, headers=auth(1))
+        assert r.status_code == 200, r.text
+        return time.perf_counter() - t0
+    small_once()  # warm-up
+    out["unloaded_s"] = round(statistics.median(small_once() for _ in range(3)), 3)
+    out["rss_before_mb"] = rss_mb(server)
+
+    def abandon(i: int) -> None:
+        try:
+            sock = raw_post(server.port, "/v1/generate", 0, bodies[i])
+            time.sleep(args.abandon_after)
+            sock.close()
+        except OSError as exc:
+            out.setdefault("abandon_errors", []).append(str(exc))
+    threads = [threading.Thread(target=abandon, args=(i,)) for i in range(args.count)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["abandon_send_s"] = round(time.perf_counter() - t0, 2)
+    out["loaded_s"] = round(small_once(), 3)
+    out["rss_after_mb"] = rss_mb(server)
+    time.sleep(args.settle)
+    out["rss_settled_mb"] = rss_mb(server)
+    out["hwm_mb"] = rss_mb(server, "VmHWM")
+    out["loaded_over_unloaded"] = round(out["loaded_s"] / out["unloaded_s"], 1)
+    out["target_s"] = round(3 * out["unloaded_s"] + 2, 3)
+    out["rss_growth_mb"] = round(out["rss_after_mb"] - out["rss_before_mb"], 1)
+    out["metrics"] = counters(client)
+    client.close()
+
+
+class Verifier:
+    """B's session: verifications one after the other, each timed; a new session when one ends."""
+
+    def __init__(self, server: Server, clip: wire.Clip) -> None:
+        self.client = httpx.Client(base_url=server.url, timeout=120)
+        self.clip, self.session, self.held, self.token = clip, None, 0, 0
+        self.cfg = settings(max_new_tokens=wire.MAX_NEW_TOKENS)
+
+    def once(self) -> tuple[float, int]:
+        if self.session is None:
+            req = wire.VerifyRequest([5, 6, 7, 8], clip=self.clip, config=self.cfg)
+        else:
+            req = wire.VerifyRequest([5, 6, 7, 8], session=self.session, held=self.held, pending=[self.token])
+        t0 = time.perf_counter()
+        r = self.client.post("/v1/verify", content=wire.encode(req), headers=auth(1))
+        took = time.perf_counter() - t0
+        if r.status_code != 200:
+            self.session = None
+            return took, r.status_code
+        answer = msgspec.msgpack.decode(r.content)
+        opened = self.session is None
+        self.session, self.held, self.token = answer["session"], answer["held"], answer["token"]
+        if answer["ended"] or answer["token"] < 0:
+            self.session = None
+        return took, (0 if opened else 200)  # 0: a first verification (its prefill): not timed
+
+
+def run_flood(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    b = Verifier(server, clips.clip(args.small_seconds))
+    cfg = settings()
+    bodies = [wire.encode(wire.OpenRequest(clips.clip(args.seconds, i + 1), cfg)) for i in range(args.count)]
+    times = [t for t, s in (b.once() for _ in range(args.verifies + 1)) if s == 200]
+    out["unloaded_median_s"] = round(statistics.median(times), 4)
+    statuses: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def open_one(i: int) -> None:
+        try:
+            r = httpx.post(f"{server.url}/v1/sessions", content=bodies[i], headers=auth(0), timeout=args.limit)
+            key = str(r.status_code)
+        except httpx.HTTPError as exc:
+            key = type(exc).__name__
+        with lock:
+            statuses[key] = statuses.get(key, 0) + 1
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(args.count)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    loaded, b_status = [], {}
+    while any(t.is_alive() for t in threads) and len(loaded) < args.max_loaded:
+        took, status = b.once()
+        b_status[str(status)] = b_status.get(str(status), 0) + 1
+        if status == 200:
+            loaded.append(took)
+    for t in threads:
+        t.join()
+    out["flood_s"] = round(time.perf_counter() - t0, 2)
+    out["a_statuses"] = statuses
+    out["b_statuses"] = b_status
+    out["loaded_verifies"] = len(loaded)
+    out["loaded_median_s"] = round(statistics.median(loaded), 4) if loaded else None
+    out["loaded_max_s"] = round(max(loaded), 4) if loaded else None
+    if loaded:
+        out["loaded_over_unloaded"] = round(out["loaded_median_s"] / out["unloaded_median_s"], 2)
+    out["metrics"] = counters(b.client)
+
+
+def run_slow(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    body = wire.encode(wire.VerifyRequest([5], clip=clips.clip(args.small_seconds), config=settings()))
+    socks = []
+    head = (f"POST /v1/verify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS[0]}\r\n"
+            f"Content-Type: {wire.MSGPACK}\r\nContent-Length: 1000000\r\n\r\n").encode()
+    for _ in range(args.count):
+        try:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(head)
+            sock.setblocking(False)
+            socks.append(sock)
+        except OSError as exc:
+            out["connect_failed"] = str(exc)
+            break
+    stop = time.monotonic() + args.hold
+
+    def drip() -> None:
+        while time.monotonic() < stop:
+            for sock in socks:
+                try:
+                    sock.send(b"x")
+                except OSError:
+                    pass
+            time.sleep(0.5)
+    dripping = threading.Thread(target=drip)
+    dripping.start()
+    time.sleep(1.0)
+    statuses: dict[str, int] = {}
+    for _ in range(args.tries):
+        if time.monotonic() > stop - 1:
+            break
+        try:
+            key = str(httpx.post(f"{server.url}/v1/verify", content=body, headers=auth(1), timeout=8).status_code)
+        except httpx.HTTPError as exc:
+            key = type(exc).__name__
+        statuses[key] = statuses.get(key, 0) + 1
+    out["b_statuses"] = statuses
+    out["server_fds_while_held"] = server.open_fds()
+    dripping.join()
+    with httpx.Client(base_url=server.url) as client:
+        out["metrics"] = counters(client)
+    for sock in socks:
+        sock.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", choices=["abandon", "flood", "slow"])
+    parser.add_argument("--server-path", help="run the server from this checkout (PYTHONPATH)")
+    parser.add_argument("--count", type=int, help="A's requests (abandon: 120, flood: 100, slow: 185)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="A's clips")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="A's abandoned generates")
+    parser.add_argument("--abandon-after", type=float, default=0.3)
+    parser.add_argument("--small-seconds", type=float, default=3.0, help="B's clip")
+    parser.add_argument("--small-tokens", type=int, default=8, help="B's generate")
+    parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--verifies", type=int, default=15)
+    parser.add_argument("--max-loaded", type=int, default=400)
+    parser.add_argument("--limit", type=float, default=300.0, help="timeout of any one request, s")
+    parser.add_argument("--nofile", type=int, default=256, help="slow: the server's descriptor limit")
+    parser.add_argument("--hold", type=float, default=20.0, help="slow: how long the bodies drip")
+    parser.add_argument("--tries", type=int, default=15, help="slow: B's verifications")
+    parser.add_argument("--json", action="store_true")
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.serve_flags = argv[cut + 1:]  # extra `specdec serve` flags
+    if args.count is None:
+        args.count = {"abandon": 120, "flood": 100, "slow": 185}[args.run]
+
+    clips = Clips()
+    folder = Path(tempfile.mkdtemp())
+    (folder / "tokens").write_text("\n".join(TOKENS) + "\n")
+    env = {"PYTHONPATH": str(Path(args.server_path).resolve())} if args.server_path else None
+    out: dict = {k: v for k, v in vars(args).items() if k != "json"}
+    out["loadavg_start"] = loadavg()
+    with Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
+                nofile=args.nofile if args.run == "slow" else None) as server:
+        out["start_line"] = server.lines[-1].strip()
+        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow}[args.run](args, server, clips, out)
+        server.stop()
+    out["log_lines"] = (folder / "serve.log").read_text(errors="replace").count("\n")
+    out["loadavg_end"] = loadavg()
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()

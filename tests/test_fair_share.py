@@ -1,0 +1,336 @@
+"""Fair share on the server (issue 33): work nobody waits for is not done, and one token cannot
+starve another. Items 1-3 through a real `specdec serve` process (each with a control that
+passes on any server); items 4-6 through the real CLI; the scheduler's order as a unit.
+
+Oracles: the server's own counters of finished work (`specdec_generations`, open sessions in
+/health) against what the test sent and abandoned; what the client sends (the stand-in's log) and
+its exit status; the order in which `Turns` grants turns, against the least-served rule worked by
+hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+import numpy as np
+import pytest
+from cli_helpers import FAST, run_specdec
+from fake_cloud import FakeCloud, Reply, consistent_verdict, identity, json_reply, msgpack_reply
+from remote_helpers import Server
+
+from specdec_cli.audio import load_audio
+from specdec_cli.decoding import DecodingConfig
+from specdec_cli.models import load_pair
+from specdec_cli.remote import fairness, wire
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "f_mid_mid_loud.wav"
+TOKENS = ["tenant-a-" + "a" * 24, "tenant-b-" + "b" * 24]
+MP = {"Content-Type": wire.MSGPACK}
+CANNOT_USE = "sent an answer specdec cannot use ("
+
+
+def auth(i: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[i]}", **MP}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair()
+
+
+def clip(pair, seconds: float, shift: int = 0) -> wire.Clip:
+    joined = np.concatenate([load_audio(p, 16000, 30.0) for p in sorted((ROOT / "samples").glob("*.wav"))])
+    audio = np.roll(np.resize(joined, int(seconds * 16000)), shift * 977).astype(np.float32)
+    data, codec = wire.encode_audio(audio, 16000)
+    return wire.Clip(data, codec, 16000, pair.processor(audio)["input_ids"][0].tolist())
+
+
+def settings(**changes: object) -> wire.DecodingSettings:
+    return msgspec.convert({**DecodingConfig().as_dict(), **changes}, wire.DecodingSettings)
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", headers=auth(0)).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name in (name, name + "_total") and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def sessions_open(server: Server) -> int:
+    return httpx.get(f"{server.url}/health", headers=auth(0)).json()["sessions"]
+
+
+def send_and_leave(port: int, path: str, body: bytes, after_s: float, token: int = 0) -> None:
+    """The whole request, then the connection closed `after_s` later without reading the answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS[token]}\r\n"
+            f"Content-Type: {wire.MSGPACK}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    time.sleep(after_s)
+    sock.close()
+
+
+def wait_for(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fair")
+    (folder / "tokens").write_text("\n".join(TOKENS) + "\n")
+    with Server("--token-file", str(folder / "tokens"), "--max-requests-per-token", "6",
+                "--max-waiting-per-token", "3", log=folder / "serve.log") as s:
+        yield s
+
+
+# -- 1. cancellation ---------------------------------------------------------------------------------
+
+@pytest.mark.spawns
+def test_abandoned_generates_are_not_run_to_the_end(server, pair):
+    """Before: each abandoned generate ran all its steps (specdec_generations counted every one).
+    Control: a generate whose client waits is answered and counted."""
+    small = wire.encode(wire.GenerateRequest(clip(pair, 2.0), settings(max_new_tokens=6)))
+    before = metric(server, "specdec_generations")
+    r = httpx.post(f"{server.url}/v1/generate", content=small, headers=auth(1), timeout=120)
+    assert r.status_code == 200 and metric(server, "specdec_generations") == before + 1  # the control
+
+    big = [wire.encode(wire.GenerateRequest(clip(pair, 30.0, i), settings(max_new_tokens=512))) for i in range(4)]
+    threads = [threading.Thread(target=send_and_leave, args=(server.port, "/v1/generate", body, 0.5))
+               for body in big]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wait_for(lambda: metric(server, "specdec_abandoned_requests", endpoint="generate") >= 1)
+    r = httpx.post(f"{server.url}/v1/generate", content=small, headers=auth(1), timeout=120)
+    assert r.status_code == 200
+    time.sleep(1.0)
+    # None of the four ran to its end: only the two small ones were generated.
+    assert metric(server, "specdec_generations") == before + 2
+    assert metric(server, "specdec_cancelled_work") >= 1
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("path", ["/v1/sessions", "/v1/verify"])
+def test_an_abandoned_open_leaves_no_session(server, pair, path):
+    """Before: an abandoned eager (or lazy) open still created its session, counted against its
+    token until the idle timeout. Control: the same open with its client waiting keeps one."""
+    body = wire.encode(wire.OpenRequest(clip(pair, 30.0, 7), settings()) if path == "/v1/sessions"
+                       else wire.VerifyRequest([5, 6, 7, 8], clip=clip(pair, 30.0, 7), config=settings()))
+    assert wait_for(lambda: sessions_open(server) == 0, 10)
+    r = httpx.post(f"{server.url}{path}", content=body, headers=auth(0), timeout=120)
+    assert r.status_code == 200, r.text
+    sid = msgspec.msgpack.decode(r.content)["session"]
+    assert sessions_open(server) == 1  # the control
+    assert httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=auth(0)).status_code == 200
+
+    gone = metric(server, "specdec_abandoned_requests")
+    send_and_leave(server.port, path, body, 0.05)
+    assert wait_for(lambda: metric(server, "specdec_abandoned_requests") == gone + 1, 60)
+    time.sleep(0.5)
+    assert sessions_open(server) == 0
+
+
+# -- 2, 3. bounded queues, fair turns, slow bodies -----------------------------------------------------
+
+@pytest.mark.spawns
+def test_one_tokens_flood_is_bounded_and_the_other_token_is_served(server, pair):
+    """A's 16 opens at once: beyond its 6 in flight (3 waiting) a 503 with Retry-After; B's open at
+    the same time is answered (the control: B is never refused)."""
+    bodies = [wire.encode(wire.OpenRequest(clip(pair, 30.0, 20 + i), settings())) for i in range(16)]
+    mine = wire.encode(wire.OpenRequest(clip(pair, 3.0), settings()))
+    answers: list[httpx.Response] = []
+
+    def flood(body: bytes) -> None:
+        answers.append(httpx.post(f"{server.url}/v1/sessions", content=body, headers=auth(0), timeout=120))
+    threads = [threading.Thread(target=flood, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    r = httpx.post(f"{server.url}/v1/sessions", content=mine, headers=auth(1), timeout=120)
+    for t in threads:
+        t.join()
+    assert r.status_code == 200, r.text
+    refused = [a for a in answers if a.status_code == 503]
+    assert len(answers) == 16 and 16 - 6 <= len(refused) < 16
+    for a in refused:
+        assert a.headers["retry-after"] == "1" and a.json()["code"] == "busy" and "\n" not in a.json()["error"]
+    for sid in [msgspec.msgpack.decode(a.content)["session"] for a in answers if a.status_code == 200]:
+        httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=auth(0))
+
+
+@pytest.mark.spawns
+def test_slow_bodies_of_one_token_are_refused_beyond_its_share(server, pair):
+    """Before: every slow body held a connection until --body-timeout. Now A's requests beyond its
+    6 in flight get a 503 from their head alone and are closed; B's request is answered (control)."""
+    head = (f"POST /v1/verify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS[0]}\r\n"
+            f"Content-Type: {wire.MSGPACK}\r\nContent-Length: 1000000\r\n\r\n").encode()
+    socks = []
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(head + b"x")
+        socks.append(sock)
+    refused = 0
+    for sock in socks:
+        sock.settimeout(0.5)
+        try:
+            refused += sock.recv(64).startswith(b"HTTP/1.1 503")
+        except TimeoutError:
+            pass  # one of the 6 in flight: its body is still awaited
+    body = wire.encode(wire.VerifyRequest([5], clip=clip(pair, 3.0), config=settings()))
+    r = httpx.post(f"{server.url}/v1/verify", content=body, headers=auth(1), timeout=30)
+    for sock in socks:
+        sock.close()
+    assert refused == 20 - 6
+    assert r.status_code == 200, r.text
+
+
+def test_turns_go_to_the_least_served_owner_and_a_light_owner_is_waited_for():
+    """Worked by hand: A holds the model 50 ms a turn, B 1 ms. With A's four requests queued behind
+    B's first turn, B's next request (sent 5 ms after its answer) goes before A's second; without
+    the hold (hold_s 0) A's request, queued, would go first."""
+    async def scenario(hold_s: float) -> list[str]:
+        turns = fairness.Turns(1, hold_s=hold_s)
+        order: list[str] = []
+
+        async def use(owner: str, seconds: float) -> None:
+            async with turns.turn(owner):
+                order.append(owner)
+                await asyncio.sleep(seconds)
+
+        async def light() -> None:
+            for _ in range(3):
+                await use("B", 0.001)
+                await asyncio.sleep(0.005)
+        first = asyncio.ensure_future(use("A", 0.05))
+        await asyncio.sleep(0.01)
+        heavy = [asyncio.ensure_future(use("A", 0.05)) for _ in range(3)]
+        await asyncio.gather(first, light(), *heavy)
+        return order
+    assert asyncio.run(scenario(0.02)) == ["A", "B", "B", "B", "A", "A", "A"]
+    assert asyncio.run(scenario(0.0))[:3] == ["A", "B", "A"]
+
+
+def test_a_waiting_owner_over_its_cap_is_refused_and_a_cancelled_one_leaves():
+    async def scenario() -> tuple[int, int]:
+        cancelled = []
+        turns = fairness.Turns(1, max_waiting=2, on_cancel=lambda: cancelled.append(1))
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with turns.turn("A"):
+                await release.wait()
+        holder = asyncio.ensure_future(hold())
+        await asyncio.sleep(0)
+        waiters = [asyncio.ensure_future(hold()) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(fairness.ApiError) as refused:
+            async with turns.turn("A"):
+                pass
+        assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "1"
+        waiters[0].cancel()
+        await asyncio.sleep(0)
+        left = turns.waiting("A")
+        release.set()
+        await asyncio.gather(holder, waiters[1])
+        return left, len(cancelled)
+    assert asyncio.run(scenario()) == (1, 1)
+
+
+# -- 4. the eager open's answer, through the CLI -----------------------------------------------------
+
+def serving(opened):
+    def answer(request):
+        if request.path == "/health":
+            return json_reply(identity())
+        if request.method == "DELETE":
+            return Reply(204)
+        if request.path == "/v1/sessions":
+            req = msgspec.msgpack.decode(request.body, type=wire.OpenRequest)
+            n = len(req.clip.prompt_ids)
+            return msgpack_reply({"session": "s" * 22, "held": n, "prefilled": n, "all_forwards": 1, **opened})
+        return msgpack_reply(consistent_verdict(request.verify()))
+    return answer
+
+
+def describe(url: str, *args: str):
+    return run_specdec("--threads", "1", "describe", str(SAMPLE), "--cloud", url, *FAST, "--no-live", *args,
+                       timeout=180)
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("opened, wrong", [
+    ({"session": "a\rb"}, "a session id of 3 characters"),
+    ({"session": "../../metrics?x="}, "a session id of 16 characters"),
+    ({"prefilled": -1_000_000}, "prefilled = -1000000"),
+    ({"all_forwards": 2**62}, f"{2**62} forwards"),
+])
+def test_a_bad_eager_open_answer_fails_the_clip_in_one_line(opened, wrong):
+    """Before: `\\r` in the id lost the clip to 'unexpected InvalidURL', `../../metrics?x=` made the
+    client send DELETE /metrics?x=, and the counts went into the records as sent."""
+    with FakeCloud(serving(opened)) as fake:
+        done = describe(fake.url, "--upload", "eager")
+    assert done.returncode == 1 and done.stdout == "", (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1 and CANNOT_USE in done.stderr and wrong in done.stderr, done.stderr
+    assert "unexpected" not in done.stderr
+    assert all(not r.path.startswith("/metrics") for r in fake.requests)
+
+
+@pytest.mark.spawns
+def test_a_good_eager_open_answer_is_used():
+    """The control: a consistent answer opens the session the clip then verifies in."""
+    with FakeCloud(serving({})) as fake:
+        done = describe(fake.url, "--upload", "eager")
+    assert done.returncode == 0, done.stderr
+    verifies = [msgspec.msgpack.decode(r.body, type=wire.VerifyRequest) for r in fake.requests
+                if r.path == "/v1/verify"]
+    assert verifies and verifies[0].session == "s" * 22 and verifies[0].clip is None
+
+
+# -- 5, 6. presets bounded, settings checked by the wire schema, through the CLI ------------------------
+
+def test_a_presets_file_too_large_for_any_vocabulary_is_refused_at_once(tmp_path):
+    """Before: a [gate] table of 10 M ids (119 MB) ran > 300 s; here a 9 MB one is refused from its
+    size, and a small file with more ids than any vocabulary from their count, each in one line."""
+    big = tmp_path / "big.toml"
+    big.write_text('[gate]\ninstruction = "x"\nsystem = "y"\nids = [' + "1," * (4_700_000) + "]\nweights = []\n")
+    started = time.monotonic()
+    done = run_specdec("describe", str(SAMPLE), "--presets", str(big), "--no-live")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "is over 8 MB" in done.stderr and time.monotonic() - started < 60
+
+    many = tmp_path / "many.toml"
+    n = (1 << 18) + 1
+    many.write_text('[gate]\ninstruction = "x"\nsystem = "y"\n'
+                    f"ids = [{','.join(map(str, range(n)))}]\nweights = [{','.join(['0.5'] * n)}]\n")
+    done = run_specdec("describe", str(SAMPLE), "--presets", str(many), "--no-live")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{n:,} ids, more than any vocabulary has" in done.stderr
+
+
+@pytest.mark.spawns
+def test_settings_a_server_would_refuse_are_refused_before_the_models_load(tmp_path):
+    """Before: `k = 1000000000` loaded the models, then failed every --cloud clip. The control: a
+    preset inside the schema's ranges describes the clip."""
+    presets = tmp_path / "p.toml"
+    presets.write_text("[huge]\nk = 1000000000\n[fine]\nk = 3\n")
+    with FakeCloud(serving({})) as fake:
+        done = describe(fake.url, "--presets", str(presets), "--preset", "huge")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "refuses these decoding settings" in done.stderr and "$.k" in done.stderr
+        assert not any(r.path.startswith("/v1/") for r in fake.requests)  # no clip was sent
+        done = describe(fake.url, "--presets", str(presets), "--preset", "fine")
+    assert done.returncode == 0, done.stderr
