@@ -88,7 +88,7 @@ def consistent_verdict(req: wire.VerifyRequest, **change: object) -> dict:
     prompt = len(req.clip.prompt_ids) if req.clip is not None else 0
     opens = req.clip is not None  # a request carrying the clip opens (or reopens) its session
     held_before = prompt if opens else req.held
-    answer = {"session": "s" * 22, "accepted": 0, "token": 10, "kind": "recovered",
+    answer = {"session": req.session or "s" * 22, "accepted": 0, "token": 10, "kind": "recovered",
               "held": held_before + len(req.pending), "fed": len(req.pending) + len(req.draft),
               "prefilled": prompt if opens else 0, "forwards": 1, "all_forwards": 1,
               "target_row": None, "ended": False}

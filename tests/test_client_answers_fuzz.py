@@ -75,6 +75,11 @@ def stand_in():
     current: dict[str, bytes] = {}
 
     def answer(request):
+        if current.get("echo") and request.path == "/v1/verify":
+            # Protocol 2: a correct verdict is under the session id the request named.
+            verdict = msgspec.msgpack.decode(current["body"])
+            verdict["session"] = request.verify().session
+            current["body"] = msgspec.msgpack.encode(verdict)
         return Reply(200, current["body"], {"content-type": wire.MSGPACK if request.path != "/health" else wire.JSON})
     with FakeCloud(answer) as fake:
         yield fake, current
@@ -86,6 +91,7 @@ def stand_in():
 def test_a_verdict_is_valid_or_the_clip_fails(stand_in, sample, drawn):
     fake, current = stand_in
     what, current["body"] = drawn.draw(bodies(sample))
+    current["echo"] = what == "correct"
     client, cloud, sequence, proposal, generator = remote_cloud(fake.url, sample)
     try:
         verdict, fed = cloud.verify(sequence, proposal, None, generator)

@@ -261,7 +261,8 @@ def serving(opened):
         if request.path == "/v1/sessions":
             req = msgspec.msgpack.decode(request.body, type=wire.OpenRequest)
             n = len(req.clip.prompt_ids)
-            return msgpack_reply({"session": "s" * 22, "held": n, "prefilled": n, "all_forwards": 1, **opened})
+            # Protocol 2: a consistent server answers under the id the open named.
+            return msgpack_reply({"session": req.session, "held": n, "prefilled": n, "all_forwards": 1, **opened})
         return msgpack_reply(consistent_verdict(request.verify()))
     return answer
 
@@ -277,6 +278,7 @@ def describe(url: str, *args: str):
     ({"session": "../../metrics?x="}, "a session id of 16 characters"),
     ({"prefilled": -1_000_000}, "prefilled = -1000000"),
     ({"all_forwards": 2**62}, f"{2**62} forwards"),
+    ({"session": "s" * 22}, "a session id other than the one the open named"),
 ])
 def test_a_bad_eager_open_answer_fails_the_clip_in_one_line(opened, wrong):
     """Before: `\\r` in the id lost the clip to 'unexpected InvalidURL', `../../metrics?x=` made the
@@ -297,7 +299,9 @@ def test_a_good_eager_open_answer_is_used():
     assert done.returncode == 0, done.stderr
     verifies = [msgspec.msgpack.decode(r.body, type=wire.VerifyRequest) for r in fake.requests
                 if r.path == "/v1/verify"]
-    assert verifies and verifies[0].session == "s" * 22 and verifies[0].clip is None
+    opens = [msgspec.msgpack.decode(r.body, type=wire.OpenRequest) for r in fake.requests
+             if r.path == "/v1/sessions"]
+    assert opens and verifies and verifies[0].session == opens[0].session and verifies[0].clip is None
 
 
 # -- 5, 6. presets bounded, settings checked by the wire schema, through the CLI ------------------------
