@@ -387,6 +387,38 @@ class CloudFreeTally:
         return f"no cloud: {self.free} of {self.clips} clips never reached the cloud ({self.free / self.clips:.0%})"
 
 
+def fallback_note(label: str, record: dict) -> str:
+    """One line for a clip the edge finished alone because its cloud failed (the record's fallback)."""
+    return (f"note: {label}: the cloud failed ({record['fallback']}): {record['fallback_error']} — the edge finished "
+            f"the description alone after {record['fallback_at_tokens']} tokens "
+            f"({record['fallback_verified_tokens']} checked by the cloud)")
+
+
+class FallbackTally:
+    """How many of a batch's clips the edge finished alone because the cloud failed (records'
+    `fallback`), by failure."""
+
+    def __init__(self) -> None:
+        self.clips = 0
+        self.failures: dict[str, int] = {}
+
+    def add(self, record: dict) -> None:
+        if record.get("error") is not None or "fallback" not in record:
+            return
+        self.clips += 1
+        if record["fallback"] is not None:
+            self.failures[record["fallback"]] = self.failures.get(record["fallback"], 0) + 1
+
+    @property
+    def fell_back(self) -> int:
+        return sum(self.failures.values())
+
+    def line(self, retry_hint: str) -> str:
+        why = ", ".join(f"{n} {word}" for word, n in sorted(self.failures.items()))
+        return (f"edge alone: {self.fell_back} of {self.clips} clips were finished on the edge because the cloud "
+                f"failed ({why}){retry_hint}")
+
+
 def _size(n: int) -> str:
     for unit in ("B", "kB", "MB"):
         if n < 1000 or unit == "MB":
