@@ -221,7 +221,7 @@ class OnCloudFailure(StrEnum):
 
 
 DESCRIBE_DEADLINE_S = 10.0
-BATCH_DEADLINE_S = 60.0
+BATCH_DEADLINE_S = 30.0
 OnCloudFailureOpt = Annotated[OnCloudFailure, typer.Option(
     "--on-cloud-failure", help="With --cloud http://…: what a clip does when the cloud is unreachable, refuses, "
     "answers what specdec cannot use or misses --cloud-deadline. edge: the edge finishes it from where it "

@@ -318,6 +318,9 @@ def summary_panel(record: dict[str, Any]) -> Panel:
         grid.add_row("cloud link", f"{record['round_trips']} trips · "
                                    f"{_size(record['uplink_bytes'])} up · {_size(record['downlink_bytes'])} down · "
                                    f"{record['cloud_wait_s']:.2f} s wait")
+    if record.get("fallback"):
+        grid.add_row("cloud failed", f"{record['fallback']}: the edge went on alone after "
+                                     f"{record['fallback_at_tokens']} tokens")
     where = f" · {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
     return Panel(grid, title=f"specdec · {record['file']}{where}", border_style="green")
 
