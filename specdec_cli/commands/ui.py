@@ -97,7 +97,7 @@ def token_budget(cfg: DecodingConfig, block_len: int, limit: float | None = None
 
 def marks(event: BlockEvent) -> list[tuple[str, str]]:
     """(mark, style) per draft token: kept unverified, accepted, the first rejected, discarded."""
-    if not event.escalated:
+    if not event.escalated or event.fallback is not None:  # the cloud failed it: kept unverified
         return [(UNVERIFIED, "dim")] * len(event.draft)
     out = []
     for i in range(len(event.draft)):
@@ -154,12 +154,13 @@ class LiveView:
     def on_block(self, event: BlockEvent) -> None:
         s = self._snap
         elapsed = time.perf_counter() - self._start
+        verified = event.escalated and event.fallback is None  # a block the cloud failed was not verified
         self._snap = _Snapshot(
             sentence=self.tokenizer.decode(event.answer, skip_special_tokens=True),
             event=event,
-            cloud_calls=s.cloud_calls + event.escalated,  # one cloud forward per escalated block
-            verified_drafted=s.verified_drafted + (len(event.draft) if event.escalated else 0),
-            verified_accepted=s.verified_accepted + (event.accepted if event.escalated else 0),
+            cloud_calls=s.cloud_calls + verified,  # one cloud forward per verified block
+            verified_drafted=s.verified_drafted + (len(event.draft) if verified else 0),
+            verified_accepted=s.verified_accepted + (event.accepted if verified else 0),
             tokens=len(event.answer),
             tokens_per_s=len(event.answer) / elapsed if elapsed > 0 else None,
         )
@@ -216,6 +217,8 @@ class LiveView:
         line = Text(f"block {event.index + 1}: {label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}  ")
         if not event.escalated:
             line.append("kept on the edge", style="green")
+        elif event.fallback is not None:
+            line.append(f"→ cloud failed ({event.fallback}): kept on the edge", style="yellow")
         else:
             why = _WHY.get(event.reason, event.reason)
             line.append(f"→ cloud ({why}): {event.accepted}/{len(event.draft)} accepted", style="magenta")
@@ -243,8 +246,11 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
         label, score, limit = gate_of(e, cfg)
         over = score > limit
         gates.append((f"{label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}", "red" if over else "green"))
-        verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
-                        else ("kept on the edge", "green"))
+        if e.fallback is not None:
+            verdicts.append((f"→ cloud failed ({e.fallback}), edge", "yellow"))
+        else:
+            verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
+                            else ("kept on the edge", "green"))
     width_g = max((len(g) for g, _ in gates), default=0)
     width_v = max((len(v) for v, _ in verdicts), default=0)
     scores = f"entropy ({UNIT})" + (" / meaning score" if any(e.meaning is not None for e in events) else "")
