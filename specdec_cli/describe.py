@@ -8,6 +8,10 @@ ends: its description, or the error that stopped it. A clip whose audio cannot b
 error at once and never takes a row. A failure inside the engine (a shared forward) cannot be
 pinned on one row, so the clips in flight are then described one at a time (each gets its own
 outcome) and the rest go on batched.
+
+With a remote cloud, `CloudPolicy` says what a clip does when its cloud fails: fail (the clip's
+error, as before the policy existed), or finish on the edge (the loop's `fallback`), and the
+budget the cloud has for the whole clip (`deadline_s`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .errors import InputError
 from .prompt import INSTRUCTION, SYSTEM, render_prompt
 
 if TYPE_CHECKING:
@@ -38,11 +43,44 @@ class Description:
     link: LinkStats | None = None  # what crossed the link to a remote cloud (None: in-process)
 
 
-class Describer:
-    """One loaded pair turning one clip's samples into its description, in any mode."""
+ON_CLOUD_FAILURE = ("edge", "fail")  # --on-cloud-failure
 
-    def __init__(self, pair: ModelPair) -> None:
+
+@dataclass(frozen=True)
+class CloudPolicy:
+    """What a clip does when its remote cloud fails it (unreachable, refusing, an answer specdec
+    cannot use, too slow): `on_failure` "edge" finishes it on the edge from where it stands (the
+    record's `fallback` says so), "fail" makes the failure the clip's error. `deadline_s`: the
+    cloud's budget for the whole clip, from its start (None: only each request's own deadline);
+    past it no request is sent and the one in flight is cut off (a "deadline" failure)."""
+
+    on_failure: str = "fail"
+    deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        import math
+
+        if self.on_failure not in ON_CLOUD_FAILURE:
+            raise InputError(f"--on-cloud-failure {self.on_failure} is not a choice; give edge or fail")
+        if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise InputError("--cloud-deadline must be a positive number of seconds (the whole clip's budget)")
+
+    @property
+    def edge(self) -> bool:
+        return self.on_failure == "edge"
+
+    def until(self, started: float) -> float | None:
+        """The clip's deadline on time.monotonic()'s clock, for a clip started at `started`."""
+        return None if self.deadline_s is None else started + self.deadline_s
+
+
+class Describer:
+    """One loaded pair turning one clip's samples into its description, in any mode; `policy`: what
+    a clip does when its remote cloud fails it."""
+
+    def __init__(self, pair: ModelPair, policy: CloudPolicy | None = None) -> None:
         self.pair = pair
+        self.policy = policy if policy is not None else CloudPolicy()
 
     def inputs(self, audio: np.ndarray, cfg: DecodingConfig | None = None):
         """The thinker inputs for `audio`, with `cfg`'s instruction and system prompt (None: the
@@ -56,6 +94,7 @@ class Describer:
 
         p = self.pair
         start = time.perf_counter()
+        until = self.policy.until(time.monotonic())
         inputs = self.inputs(audio, cfg)
         link = None
         if p.remote is None:
@@ -66,15 +105,22 @@ class Describer:
                 result = generate_baseline(model, inputs, cfg, p.masks, p.eos_ids, p.tokenizer.pad_token_id)
         elif cfg.mode == "spec":
             # The same loop; its cloud is this clip's session on the server (opened lazily).
-            cloud = p.remote.clip(audio, cfg)
+            cloud = p.remote.clip(audio, cfg, until)
             try:
                 # The gate runs here, on the edge: the server only scores what it is sent.
-                result = speculative_decode(p.edge, cloud, inputs, cfg, p.masks, p.eos_ids, on_block, gate=p.gate)
+                result = speculative_decode(p.edge, cloud, inputs, cfg, p.masks, p.eos_ids, on_block, gate=p.gate,
+                                            fallback=self.policy.edge)
             finally:
                 cloud.close()
             link = cloud.link
         elif cfg.mode == "cloud":
-            result, link = p.remote.generate(audio, inputs, cfg, p.tokenizer.pad_token_id)
+            from .remote.client import LinkStats
+
+            link = LinkStats()
+            try:
+                result, link = p.remote.generate(audio, inputs, cfg, p.tokenizer.pad_token_id, link, until)
+            except Exception as exc:
+                result = self._edge_instead(exc, inputs, cfg)
         else:
             from .remote.client import LinkStats
 
@@ -82,6 +128,22 @@ class Describer:
             link = LinkStats()
         latency = time.perf_counter() - start
         return Description(self.text(result), result, latency, link)
+
+    def _edge_instead(self, exc: Exception, inputs: Any, cfg: DecodingConfig) -> DecodeResult:
+        """Cloud-only, the cloud failed: the edge describes the clip from its start (the loop's
+        fallback, with nothing verified), or the failure is the clip's."""
+        from .decoding import generate_baseline
+        from .decoding.loop import CloudLost, cloud_failure
+        from .errors import one_line
+
+        failure = cloud_failure(exc)
+        if not self.policy.edge or failure is None:
+            raise exc
+        p = self.pair
+        # Counted as the edge's work: the cloud ran nothing for this description.
+        result = generate_baseline(p.edge, inputs, cfg.with_(mode="edge"), p.masks, p.eos_ids, p.tokenizer.pad_token_id)
+        result.lost = CloudLost(failure, one_line(exc), 0, 0)
+        return result
 
     def text(self, result: DecodeResult) -> str:
         return self.pair.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()

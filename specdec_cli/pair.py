@@ -71,14 +71,21 @@ class Pair:
     """An edge and a cloud loaded once. `edge`/`cloud`: model folders or Hub ids (default: the
     bundled demo pair; `cloud` may be http://HOST:PORT of a `specdec serve`); `device` for both, or
     `edge_device` / `cloud_device` for each; `presets`: a presets file layered over the built-in
-    ones. One call at a time per Pair (the models' caches are per call, the settings are not)."""
+    ones. One call at a time per Pair (the models' caches are per call, the settings are not).
+
+    With a remote cloud: `on_cloud_failure` "edge" finishes a clip whose cloud fails it on the edge
+    (its record's `fallback` says why and where), "fail" (the default here, as measurements need)
+    makes the failure the clip's error; `cloud_deadline`: the cloud's budget in seconds for a whole
+    clip (None: each request's own deadline only)."""
 
     def __init__(self, edge: str | None = None, cloud: str | None = None, device: str = "cpu",
                  dtype: str = "float32", presets: str | Path | None = None, *,
                  edge_device: str | None = None, cloud_device: str | None = None,
-                 cloud_timeout: float | None = None) -> None:
+                 cloud_timeout: float | None = None, on_cloud_failure: str = "fail",
+                 cloud_deadline: float | None = None) -> None:
         self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
-                               cloud_device=cloud_device, cloud_timeout=cloud_timeout))
+                               cloud_device=cloud_device, cloud_timeout=cloud_timeout,
+                               on_cloud_failure=on_cloud_failure, cloud_deadline=cloud_deadline))
 
     @classmethod
     def from_spec(cls, spec: PairSpec) -> Pair:
@@ -102,7 +109,7 @@ class Pair:
             from dataclasses import replace
 
             self.spec = replace(spec, gate=None)
-        self.describer = Describer(self.models)
+        self.describer = Describer(self.models, spec.cloud_policy())
         self._resolved: dict[tuple, Settings] = {}
 
     def _gate(self, spec: PairSpec) -> MeaningGate | None:

@@ -99,6 +99,7 @@ def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarra
     if pair.remote is not None and desc.link is not None:
         # Counted at this end of the link: bytes up and down, round trips, time waiting.
         extra.update(desc.link.as_record(), cloud_url=pair.remote.url)
+        extra.update(fallback_fields(desc.result))
     cfg = settings.cfg
     if settings.rtt_ms is not None:
         extra["cloud_rtt_ms"] = settings.rtt_ms
@@ -107,6 +108,17 @@ def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarra
     if segment is not None:
         extra.update(segment.fields())
     return build_record(file, desc.text, desc.result, cfg, settings.preset, desc.latency_s, None, **extra)
+
+
+def fallback_fields(result: DecodeResult) -> dict[str, Any]:
+    """Whether the edge finished the clip alone because its remote cloud failed (decoding.loop.
+    CloudLost): the failure's word, its message, the answer's length when the edge went on alone,
+    and its length through the cloud's last verdict; all null when the cloud did its part."""
+    lost = result.lost
+    if lost is None:
+        return {"fallback": None, "fallback_error": None, "fallback_at_tokens": None, "fallback_verified_tokens": None}
+    return {"fallback": lost.failure, "fallback_error": lost.error, "fallback_at_tokens": lost.at,
+            "fallback_verified_tokens": lost.verified}
 
 
 def error_record(pair: ModelPair, settings: Settings, file: str, message: str,

@@ -13,7 +13,8 @@ Opening a results file (`ResultsFile`):
      the run before a byte of the file changes: the file may be another tool's output, or results
      the user asked for with other settings, and resuming would silently mix or delete them.
   3. Compacts it: a later line for a clip supersedes an earlier one, and error records are
-     dropped (those clips are retried). The rest is written to a temporary file, fsync'd and
+     dropped (those clips are retried); with `--retry-fallback` so are the records of clips the
+     edge finished alone because the cloud failed (`fallback` set). The rest is written to a temporary file, fsync'd and
      renamed over the original; the rename is atomic, so a kill leaves the old file or the new
      one, both readable.
   `--overwrite` replaces 2 and 3: the old file is first kept as NAME.bak (NAME.bak-2, … when that
@@ -292,7 +293,7 @@ def _copy_new(src: Path, dst: Path) -> None:
 class ResultsFile:
     """A results file opened for a (resumed) batch by its one writer; see the module doc."""
 
-    def __init__(self, path: Path, settings: RunSettings, overwrite: bool = False) -> None:
+    def __init__(self, path: Path, settings: RunSettings, overwrite: bool = False, retry_fallback: bool = False) -> None:
         self.path = path
         self.backup: Path | None = None  # where --overwrite kept the old file
         self._file: TextIO | None = None
@@ -308,20 +309,22 @@ class ResultsFile:
             raise InputError(f"cannot write results file {path}: {exc.strerror or exc}") from exc
         self.segments: dict[str, int] = {}  # recording -> how many segments it has (from its records)
         try:
-            self.done = self._open(settings, overwrite)
+            self.done = self._open(settings, overwrite, retry_fallback)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, settings: RunSettings, overwrite: bool) -> set[Key]:
+    def _open(self, settings: RunSettings, overwrite: bool, retry_fallback: bool = False) -> set[Key]:
         """Check, back up or compact, then open for appending; the clips (or segments) already
-        recorded without error."""
+        recorded without error (`retry_fallback`: and not finished on the edge alone because the
+        cloud failed; those records are dropped with the failed ones, to be made again)."""
         path = self.path
         kept: dict[Key, dict[str, Any]] = {}
         if not overwrite:
             records = numbered_records(path)  # refuses foreign lines before anything is written
             check_settings(path, records, settings)
-            kept = {k: r for k, r in latest_by_clip([r for _, r in records]).items() if r["error"] is None}
+            kept = {k: r for k, r in latest_by_clip([r for _, r in records]).items()
+                    if r["error"] is None and not (retry_fallback and r.get("fallback") is not None)}
         try:
             if overwrite and path.is_file() and path.stat().st_size > 0:
                 self.backup = _keep_backup(path)

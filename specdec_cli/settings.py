@@ -244,11 +244,16 @@ class PairSpec:
     # the tokenizer is checked when the pair loads (pair.Pair). A gate.MeaningGate, or None.
     gate: Any = field(default=None, compare=False)
     upload: str = "lazy"  # when a clip goes up to a remote cloud (remote/client.py UPLOADS)
+    # What a clip does when its remote cloud fails it, and the cloud's budget for a whole clip
+    # (describe.CloudPolicy; "fail" and None: a failure is the clip's error, as before).
+    on_cloud_failure: str = "fail"
+    cloud_deadline: float | None = None
 
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
            presets: str | Path | None = None, *, edge_device: str | None = None,
-           cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str = "lazy") -> PairSpec:
+           cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str = "lazy",
+           on_cloud_failure: str = "fail", cloud_deadline: float | None = None) -> PairSpec:
         """Check what can be checked without loading (the dtype, the presets file, the model
         folders) and ask a remote cloud who it is (CloudUnreachable, exit 2, when it is down)."""
         dtype_name(dtype)
@@ -258,6 +263,9 @@ class PairSpec:
             checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
         if upload not in ("eager", "lazy", "auto"):
             raise InputError(f"--upload {upload} is not a choice; give --upload eager, lazy or auto")
+        from .describe import CloudPolicy
+
+        CloudPolicy(on_cloud_failure, cloud_deadline)  # a bad choice or deadline: exit 2 before loading
         presets_file = check_presets_file(Path(presets) if presets is not None else None)
         files = tuple(f for f in (presets_file_for(edge), presets_file) if f is not None)
         from .gate_presets import load_gates  # numpy: not on `specdec --help`'s path
@@ -272,11 +280,18 @@ class PairSpec:
             info = client.info
         else:
             check_model(cloud_ref, "cloud")
-        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate, upload)
+        return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate, upload,
+                   on_cloud_failure, cloud_deadline)
 
     @property
     def remote(self) -> bool:
         return self.cloud_info is not None
+
+    def cloud_policy(self) -> Any:
+        """What a clip does when its remote cloud fails it (a describe.CloudPolicy)."""
+        from .describe import CloudPolicy
+
+        return CloudPolicy(self.on_cloud_failure, self.cloud_deadline)
 
     def portable(self) -> PairSpec:
         """The same spec for another process: model folders by absolute path (a worker's current

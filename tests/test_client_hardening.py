@@ -68,7 +68,10 @@ def describe(url: str, *args: str, env: dict[str, str] | None = None, timeout: f
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        return run_specdec("--threads", "1", "describe", str(SAMPLE), "--cloud", url, *FAST, "--no-live", *args,
+        # --on-cloud-failure fail: these tests are of the failure itself (the edge's fallback has
+        # its own tests, test_cloud_fallback.py).
+        return run_specdec("--threads", "1", "describe", str(SAMPLE), "--cloud", url, *FAST, "--no-live",
+                           "--on-cloud-failure", "fail", *args,
                            timeout=timeout)
     finally:
         for k, v in saved.items():
@@ -146,6 +149,7 @@ def test_a_batch_records_the_bad_answer_for_its_clip_and_goes_on(tmp_path):
     out = tmp_path / "r.jsonl"
     with FakeCloud(serving(verify)) as fake:
         done = run_specdec("--threads", "1", "batch", str(clips), "--out", str(out), "--cloud", fake.url, *FAST,
+                           "--on-cloud-failure", "fail",
                            timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]

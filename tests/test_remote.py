@@ -336,7 +336,7 @@ def test_batch_survives_a_server_killed_and_restarted_mid_run(tmp_path, server):
         import os
 
         batch = subprocess.Popen([SPECDEC, "--threads", "1", "batch", str(clips), "--out", str(out), "--preset",
-                                  "quality", "--cloud", first.url], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                                  "quality", "--cloud", first.url, "--on-cloud-failure", "fail"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, "HF_HUB_OFFLINE": "1", "SPECDEC_CLOUD_RETRY_S": "120"})
         deadline = time.monotonic() + 240
         while (not out.exists() or out.read_text().count("\n") < 3) and time.monotonic() < deadline:
@@ -383,7 +383,7 @@ def test_batch_with_the_server_gone_records_errors_and_resume_retries_them(tmp_p
         import time
 
         p = subprocess.Popen([SPECDEC, "--threads", "1", "batch", str(clips), "--out", str(out), "--preset",
-                              "quality", "--cloud", second.url], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                              "quality", "--cloud", second.url, "--on-cloud-failure", "fail"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
         deadline = time.monotonic() + 120
         while out.read_text().count("\n") < 2 and time.monotonic() < deadline:

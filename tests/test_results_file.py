@@ -237,3 +237,19 @@ def test_a_results_file_that_is_a_folder(tmp_path):
     out.mkdir()
     assert refused(out) == f"cannot read results file {out}: Is a directory"
     assert list(out.iterdir()) == []
+
+
+def test_clips_the_edge_finished_alone_are_done_unless_retry_fallback(tmp_path):
+    """A record whose `fallback` is set has a description: a rerun skips its clip, as any clip
+    described; with retry_fallback its record is dropped at start (as an error record is) and the
+    clip is to be described again. Records of the cloud's own descriptions stay either way."""
+    out = tmp_path / "r.jsonl"
+    a, b, c = (tmp_path / f"{n}.wav" for n in "abc")
+    lines = [record(a, fallback=None), record(b, fallback="unreachable"), record(c, error="boom")]
+    out.write_text("".join(dumps_record(r) + "\n" for r in lines))
+    with ResultsFile(out, SETTINGS) as kept:
+        assert {Path(k) for k in kept.done} == {a.resolve(), b.resolve()}
+    assert [json.loads(line)["file"] for line in out.read_text().splitlines()] == [str(a), str(b)]
+    with ResultsFile(out, SETTINGS, retry_fallback=True) as retried:
+        assert {Path(k) for k in retried.done} == {a.resolve()}
+    assert [json.loads(line)["file"] for line in out.read_text().splitlines()] == [str(a)]

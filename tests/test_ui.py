@@ -201,6 +201,17 @@ def test_trace_says_why_a_block_went_to_the_cloud(tokenizer, events):
     assert "→ cloud (loop)" in out and "→ cloud (always)" in out
 
 
+def test_trace_marks_a_block_the_cloud_failed_as_kept_unverified(tokenizer, events):
+    """--on-cloud-failure edge: the block whose verification failed keeps its whole draft as the
+    edge's own; the trace says the cloud failed and marks no token as verified."""
+    failed = dataclasses.replace(events[1], accepted=3, correction=None, correction_kind=None, fallback="unreachable")
+    con, buf = console(width=140)
+    ui.print_trace(con, [events[0], failed], tokenizer, DecodingConfig(threshold=5.75, k=3))
+    row = [ln for ln in plain(buf.getvalue()).splitlines() if re.match(r"^\s*2\s", ln)][0]
+    assert "→ cloud failed (unreachable), edge" in row and "是 1.10·" in row and "声 2.90·" in row
+    assert ui.ACCEPTED not in row and ui.REJECTED not in row and "+ " not in row
+
+
 def test_trace_entropies_are_coloured_against_the_threshold(tokenizer, events):
     con, buf = console(width=140)
     ui.print_trace(con, events, tokenizer, DecodingConfig(threshold=5.75, k=3))

@@ -14,7 +14,19 @@ from ..errors import InputError, SpecdecError
 from . import ui
 from .app import Interrupted
 from .describe import load, spec_of
-from .options import DECODING, MODELS, Decoding, Models, SegmentOpt, with_options
+from .options import (
+    BATCH_DEADLINE_S,
+    DECODING,
+    MODELS,
+    BatchDeadlineOpt,
+    Decoding,
+    Models,
+    OnCloudFailure,
+    OnCloudFailureOpt,
+    SegmentOpt,
+    cloud_deadline,
+    with_options,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,6 +75,11 @@ def batch(
     ship_audio: ShipAudioOpt = None,
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     segment: SegmentOpt = False,
+    on_cloud_failure: OnCloudFailureOpt = OnCloudFailure.edge,
+    deadline_s: BatchDeadlineOpt = None,
+    retry_fallback: Annotated[bool, typer.Option(
+        "--retry-fallback", help="Resuming: describe again, with the cloud, the clips the edge finished alone "
+        "because the cloud failed (records whose fallback is set); without it they count as done.")] = False,
     *, decoding: Decoding, models: Models,
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
@@ -88,13 +105,14 @@ def batch(
     if to_stdout and overwrite:
         raise InputError("--overwrite starts a results file over; --out - writes to stdout, which has nothing to "
                          "start over")
-    spec = spec_of(models, decoding.presets_file)
+    spec = spec_of(models, decoding.presets_file, on_cloud_failure.value,
+                   cloud_deadline(deadline_s, on_cloud_failure, BATCH_DEADLINE_S))
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)
     if segment:
         run = run.segmented()  # the results file says it holds segments: never mixed with whole clips
     if found.ignored or found.hidden:  # said once every check passed: a refusal stays one line
         err.print(found.ignored_line(), markup=False, style="dim", soft_wrap=True)
-    results = StreamResults(sys.stdout) if to_stdout else ResultsFile(out, run.run, overwrite)
+    results = StreamResults(sys.stdout) if to_stdout else ResultsFile(out, run.run, overwrite, retry_fallback)
     with results:
         if results.backup is not None:
             err.print(f"starting over; the old results are kept in {results.backup}", markup=False, soft_wrap=True)
@@ -105,6 +123,9 @@ def batch(
         err.print(summary.link.line(), markup=False, soft_wrap=True)
     elif summary.cloud_free.clips:
         err.print(summary.cloud_free.line(), markup=False, soft_wrap=True)
+    if summary.fallback.fell_back:
+        hint = "; rerun with --retry-fallback to describe them with the cloud" if not to_stdout else ""
+        err.print(summary.fallback.line(hint), markup=False, style="yellow", soft_wrap=True)
     if summary.failed:
         rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
             "; their records say why"
@@ -119,6 +140,7 @@ class _Summary:
         self.ok, self.failed, self.skipped = ok, failed, skipped
         self.link = ui.LinkTally()
         self.cloud_free = ui.CloudFreeTally()
+        self.fallback = ui.FallbackTally()
 
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
@@ -142,6 +164,7 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
         def on_done(path: Path, record: dict[str, Any]) -> None:
             summary.link.add(record)
             summary.cloud_free.add(record)
+            summary.fallback.add(record)
             failed = record["error"] is not None
             where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
             if failed:

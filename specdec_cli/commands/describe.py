@@ -13,7 +13,19 @@ from ..errors import InputError, SpecdecError, one_line
 from ..segments import Piece
 from ..strict_json import dumps_record
 from . import ui
-from .options import DECODING, MODELS, Decoding, Models, SegmentOpt, with_options
+from .options import (
+    DECODING,
+    DESCRIBE_DEADLINE_S,
+    MODELS,
+    Decoding,
+    DescribeDeadlineOpt,
+    Models,
+    OnCloudFailure,
+    OnCloudFailureOpt,
+    SegmentOpt,
+    cloud_deadline,
+    with_options,
+)
 
 if TYPE_CHECKING:
     from ..pair import Pair
@@ -36,13 +48,15 @@ def plot_trace_fn():
     return plots.plot_trace
 
 
-def spec_of(models: Models, presets_file: Path | None) -> PairSpec:
+def spec_of(models: Models, presets_file: Path | None, on_cloud_failure: str = "fail",
+            deadline_s: float | None = None) -> PairSpec:
     """The run's pair, resolved without loading (a bad path, dtype or presets file fails here)."""
     from ..settings import PairSpec
 
     return PairSpec.of(models.edge, models.cloud, models.device, models.dtype, presets_file,
                        edge_device=models.edge_device, cloud_device=models.cloud_device,
-                       cloud_timeout=models.cloud_timeout, upload=models.upload)
+                       cloud_timeout=models.cloud_timeout, upload=models.upload,
+                       on_cloud_failure=on_cloud_failure, cloud_deadline=deadline_s)
 
 
 def load(spec: PairSpec, err: Any) -> Pair:
@@ -68,6 +82,8 @@ def describe(
     plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
                                               "to this PNG (one clip). Needs matplotlib.", show_default=False)] = None,
     segment: SegmentOpt = False,
+    on_cloud_failure: OnCloudFailureOpt = OnCloudFailure.edge,
+    deadline_s: DescribeDeadlineOpt = None,
     *, decoding: Decoding, models: Models,
 ) -> None:
     """Describe the speaker in each CLIP: prints the sentence (or the record with --json).
@@ -86,7 +102,8 @@ def describe(
     overrides = explicit(**decoding.given)
     plot_trace = plot_trace_fn() if plot is not None else None
     err = ui.console()
-    spec = spec_of(models, decoding.presets_file)
+    spec = spec_of(models, decoding.presets_file, on_cloud_failure.value,
+                   cloud_deadline(deadline_s, on_cloud_failure, DESCRIBE_DEADLINE_S))
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
@@ -134,6 +151,9 @@ def describe(
                     raise
                 failure(clip, exc, where)
                 continue
+            if result.record.get("fallback") is not None:
+                err.print(ui.fallback_note(label_of(clip, where), result.record), markup=False, style="yellow",
+                          soft_wrap=True)
             if show_trace and result.events:
                 ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
             if views:
@@ -151,6 +171,10 @@ def describe(
     if failed:
         what = "segments or clips" if segment else "clips"
         raise SpecdecError(f"{failed} of {described} {what} failed (each said why above)")
+
+
+def label_of(clip: str, where: Segment | None) -> str:
+    return clip if where is None else f"{clip} {_span(where)}"
 
 
 def _span(segment: Segment) -> str:

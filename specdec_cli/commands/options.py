@@ -210,6 +210,44 @@ SegmentOpt = Annotated[bool, typer.Option(
     "cut at pauses, each of at most the window and each its own record (with segment, start_s, end_s); a "
     "recording may be up to 4 h long.")]
 
+# What a clip does when its remote cloud fails it (describe, batch): describe.CloudPolicy. The
+# defaults and why: docs/serve.md, "When the cloud cannot answer". An on-device model is expected
+# to answer without the network, so the edge finishes the clip (marked) unless told to fail; the
+# whole-clip deadline is one a person waits through for `describe`, and one that rides out a
+# server restart (the 20 s retry window and a rebuild) for `batch`, where nobody waits per clip.
+class OnCloudFailure(StrEnum):
+    edge = "edge"
+    fail = "fail"
+
+
+DESCRIBE_DEADLINE_S = 10.0
+BATCH_DEADLINE_S = 30.0
+OnCloudFailureOpt = Annotated[OnCloudFailure, typer.Option(
+    "--on-cloud-failure", help="With --cloud http://…: what a clip does when the cloud is unreachable, refuses, "
+    "answers what specdec cannot use or misses --cloud-deadline. edge: the edge finishes it from where it "
+    "stands (its record's fallback says why); fail: the clip fails, as without this option.",
+    rich_help_panel=_M, show_default=True)]
+
+
+def cloud_deadline_opt(default_s: float) -> Any:
+    return Annotated[float | None, typer.Option(
+        "--cloud-deadline", metavar="SECONDS", help=f"With --cloud http://…: the cloud's budget for a whole clip, "
+        f"from its start; past it nothing more is asked, and the one request in flight is cut off: a failure of the "
+        f"clip's cloud, as --on-cloud-failure says (default: {default_s:g} with "
+        "--on-cloud-failure edge, none with fail).", show_default=False, rich_help_panel=_M)]
+
+
+DescribeDeadlineOpt = cloud_deadline_opt(DESCRIBE_DEADLINE_S)
+BatchDeadlineOpt = cloud_deadline_opt(BATCH_DEADLINE_S)
+
+
+def cloud_deadline(given: float | None, on_failure: OnCloudFailure, default_s: float) -> float | None:
+    """The deadline a command runs with: the one given, else its default with edge, else none."""
+    if given is not None:
+        return given
+    return default_s if on_failure is OnCloudFailure.edge else None
+
+
 # Single shared options, for commands that take one of a group's options alone.
 EdgeOpt = MODELS_PARAMS["edge"][0]
 DtypeOpt = MODELS_PARAMS["dtype"][0]

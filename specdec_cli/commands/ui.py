@@ -97,7 +97,7 @@ def token_budget(cfg: DecodingConfig, block_len: int, limit: float | None = None
 
 def marks(event: BlockEvent) -> list[tuple[str, str]]:
     """(mark, style) per draft token: kept unverified, accepted, the first rejected, discarded."""
-    if not event.escalated:
+    if not event.escalated or event.fallback is not None:  # the cloud failed it: kept unverified
         return [(UNVERIFIED, "dim")] * len(event.draft)
     out = []
     for i in range(len(event.draft)):
@@ -154,12 +154,13 @@ class LiveView:
     def on_block(self, event: BlockEvent) -> None:
         s = self._snap
         elapsed = time.perf_counter() - self._start
+        verified = event.escalated and event.fallback is None  # a block the cloud failed was not verified
         self._snap = _Snapshot(
             sentence=self.tokenizer.decode(event.answer, skip_special_tokens=True),
             event=event,
-            cloud_calls=s.cloud_calls + event.escalated,  # one cloud forward per escalated block
-            verified_drafted=s.verified_drafted + (len(event.draft) if event.escalated else 0),
-            verified_accepted=s.verified_accepted + (event.accepted if event.escalated else 0),
+            cloud_calls=s.cloud_calls + verified,  # one cloud forward per verified block
+            verified_drafted=s.verified_drafted + (len(event.draft) if verified else 0),
+            verified_accepted=s.verified_accepted + (event.accepted if verified else 0),
             tokens=len(event.answer),
             tokens_per_s=len(event.answer) / elapsed if elapsed > 0 else None,
         )
@@ -216,6 +217,8 @@ class LiveView:
         line = Text(f"block {event.index + 1}: {label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}  ")
         if not event.escalated:
             line.append("kept on the edge", style="green")
+        elif event.fallback is not None:
+            line.append(f"→ cloud failed ({event.fallback}): kept on the edge", style="yellow")
         else:
             why = _WHY.get(event.reason, event.reason)
             line.append(f"→ cloud ({why}): {event.accepted}/{len(event.draft)} accepted", style="magenta")
@@ -243,8 +246,11 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
         label, score, limit = gate_of(e, cfg)
         over = score > limit
         gates.append((f"{label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}", "red" if over else "green"))
-        verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
-                        else ("kept on the edge", "green"))
+        if e.fallback is not None:
+            verdicts.append((f"→ cloud failed ({e.fallback}), edge", "yellow"))
+        else:
+            verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
+                            else ("kept on the edge", "green"))
     width_g = max((len(g) for g, _ in gates), default=0)
     width_v = max((len(v) for v, _ in verdicts), default=0)
     scores = f"entropy ({UNIT})" + (" / meaning score" if any(e.meaning is not None for e in events) else "")
@@ -318,6 +324,9 @@ def summary_panel(record: dict[str, Any]) -> Panel:
         grid.add_row("cloud link", f"{record['round_trips']} trips · "
                                    f"{_size(record['uplink_bytes'])} up · {_size(record['downlink_bytes'])} down · "
                                    f"{record['cloud_wait_s']:.2f} s wait")
+    if record.get("fallback"):
+        grid.add_row("cloud failed", f"{record['fallback']}: the edge went on alone after "
+                                     f"{record['fallback_at_tokens']} tokens")
     where = f" · {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
     return Panel(grid, title=f"specdec · {record['file']}{where}", border_style="green")
 
@@ -385,6 +394,38 @@ class CloudFreeTally:
 
     def line(self) -> str:
         return f"no cloud: {self.free} of {self.clips} clips never reached the cloud ({self.free / self.clips:.0%})"
+
+
+def fallback_note(label: str, record: dict) -> str:
+    """One line for a clip the edge finished alone because its cloud failed (the record's fallback)."""
+    return (f"note: {label}: the cloud failed ({record['fallback']}): {record['fallback_error']} — the edge finished "
+            f"the description alone after {record['fallback_at_tokens']} tokens "
+            f"({record['fallback_verified_tokens']} checked by the cloud)")
+
+
+class FallbackTally:
+    """How many of a batch's clips the edge finished alone because the cloud failed (records'
+    `fallback`), by failure."""
+
+    def __init__(self) -> None:
+        self.clips = 0
+        self.failures: dict[str, int] = {}
+
+    def add(self, record: dict) -> None:
+        if record.get("error") is not None or "fallback" not in record:
+            return
+        self.clips += 1
+        if record["fallback"] is not None:
+            self.failures[record["fallback"]] = self.failures.get(record["fallback"], 0) + 1
+
+    @property
+    def fell_back(self) -> int:
+        return sum(self.failures.values())
+
+    def line(self, retry_hint: str) -> str:
+        why = ", ".join(f"{n} {word}" for word, n in sorted(self.failures.items()))
+        return (f"edge alone: {self.fell_back} of {self.clips} clips were finished on the edge because the cloud "
+                f"failed ({why}){retry_hint}")
 
 
 def _size(n: int) -> str:

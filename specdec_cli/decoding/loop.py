@@ -13,6 +13,13 @@
     6. accepted tokens (+ the recovered / bonus token) join the sequence, stop rules checked per token
     7. one BlockEvent per block goes to the caller
 
+When the cloud fails the clip (unreachable, refusing, an answer that cannot be used, the clip's
+deadline missed) and the caller allows it (`fallback`), the edge finishes the clip from where it
+stands: the failed block's draft is kept as the edge's own (as an unescalated block is), a block
+drafted ahead is discarded, and no later block goes up. The answer is then the verified prefix
+followed by the edge's own continuation, under the same rules and generator (`CloudLost` says
+where and why).
+
 The loop owns only the accepted sequence and the counters. Each model's tokens and cache live in
 its ModelState; the processors and stop rules are the same objects the baselines use.
 
@@ -36,6 +43,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from ..errors import one_line
 from .acceptance import Verdict, first_argmax
 from .config import DecodingConfig
 from .drafter import Drafting, Proposal, propose
@@ -91,6 +99,29 @@ class BlockEvent:
     score: float | None = None
     limit: float | None = None
     meaning: list[float] | None = None
+    # The cloud failed this block's verification and the edge went on alone: the failure's word
+    # (a cloud exception's `cloud_failure`: "unreachable", "deadline"…); its draft is kept unverified.
+    fallback: str | None = None
+
+
+@dataclass
+class CloudLost:
+    """Where and why the edge finished a clip alone: the cloud's failure (`failure`: the word its
+    exception names in `cloud_failure`; `error`: its one line), the answer's length when the edge
+    went on alone (`at`), and its length through the cloud's last verdict (`verified`: the tokens
+    the cloud had checked, its own corrections included; 0 when it gave none)."""
+
+    failure: str
+    error: str
+    at: int
+    verified: int
+
+
+def cloud_failure(exc: BaseException) -> str | None:
+    """The word a cloud failure names (its class's `cloud_failure`: remote/client.py), or None for
+    anything else (a bug, Ctrl-C), which the edge must never paper over."""
+    word = getattr(exc, "cloud_failure", None)
+    return word if isinstance(word, str) else None
 
 
 @dataclass
@@ -123,6 +154,7 @@ class DecodeStats:
         if event.escalated:
             self.escalations += 1
             self.loop_escalations += event.reason == "loop"
+        if event.escalated and event.fallback is None:  # a block the cloud failed was not verified
             self.verified_drafted += len(event.draft)
             self.verified_accepted += event.accepted
 
@@ -137,6 +169,7 @@ class DecodeResult:
     tokens: list[int]                  # the answer's token ids
     stats: DecodeStats
     events: list[BlockEvent] = field(default_factory=list)
+    lost: CloudLost | None = None      # the cloud failed and the edge finished the clip alone
 
 
 def block_uncertainty(entropies: list[float], how: str) -> float:
@@ -185,6 +218,7 @@ def speculative_decode(
     lazy_prefill: bool = True,
     acceptance: AcceptanceRule | None = None,
     gate: MeaningGate | None = None,
+    fallback: bool = False,
 ) -> DecodeResult:
     """Decode one clip. With `lazy_prefill` (the default) the cloud runs nothing until the first
     escalation, so a clip the edge handles alone costs the cloud nothing and never leaves the
@@ -193,7 +227,9 @@ def speculative_decode(
     None: greedy match, or rejection sampling with `cfg.sample`. `cloud_model` is a model (scored
     in this process) or a `Cloud` for this clip (e.g. a session on a remote server). `gate`: the
     pair's meaning gate, used when cfg.verify is "meaning" and it was fitted on cfg's task (else
-    the entropy gate decides)."""
+    the entropy gate decides). `fallback`: when the cloud fails (an exception naming its
+    `cloud_failure`), the edge finishes the clip alone (`DecodeResult.lost` says so) instead of
+    the failure ending the clip."""
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
     edge = ModelState(edge_model, "edge")
     cloud: Cloud = LocalCloud(cloud_model) if isinstance(cloud_model, torch.nn.Module) else cloud_model
@@ -214,6 +250,8 @@ def speculative_decode(
     done = False
     ahead: Ahead | None = None         # the next block, drafted while the last verdict was in flight
     pays = AheadPays()
+    lost: CloudLost | None = None      # set when the cloud failed: the edge goes on alone
+    verified = 0                       # answer tokens through the cloud's last verdict
     while not done:
         # 2. Draft up to k tokens, never past max_new_tokens (or take the block drafted ahead: it
         #    was drafted after this very sequence).
@@ -226,7 +264,7 @@ def speculative_decode(
 
         # 3. Gate.
         held = cloud.prefill_tokens > 0
-        reason = escalation_reason(cfg, proposal, answer, held)
+        reason = "" if lost is not None else escalation_reason(cfg, proposal, answer, held)
         event = new_event(len(events), cfg, proposal, reason, held)
         new_tokens = list(proposal.tokens)
 
@@ -239,19 +277,32 @@ def speculative_decode(
             in_flight = pays.watch(cloud.submit(sequence, proposal, rules, generator, acceptance))
             if not in_flight.done() and pays.now():
                 ahead = draft_ahead(edge, sequence, proposal, in_flight, cfg, rules, generator, meaning)
-            verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
-            new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
-            event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
-            event.cloud_tokens, event.cloud_prefill_tokens = fed, cloud.prefill_tokens - prefilled
+            try:
+                verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
+            except Exception as exc:
+                failure = cloud_failure(exc)
+                if not fallback or failure is None:
+                    raise
+                # The edge goes on alone from the sequence the verdicts made: this block's draft is
+                # its own (as an unescalated block's), a block drafted ahead after it is undone.
+                if ahead is not None:
+                    ahead = ahead.discard(edge, generator)
+                lost = CloudLost(failure, one_line(exc), len(answer), verified)
+                event.fallback = failure
+            else:
+                new_tokens = proposal.tokens[:verdict.accepted] + [verdict.token]
+                event.accepted, event.correction, event.correction_kind = verdict.accepted, verdict.token, verdict.kind
+                event.cloud_tokens, event.cloud_prefill_tokens = fed, cloud.prefill_tokens - prefilled
 
-            # 5. Roll both caches back to the accepted prefix (the edge may hold less already). A
-            #    block drafted ahead after another sequence than the verdict's is discarded first.
-            if ahead is not None and ahead.sequence != sequence + new_tokens:
-                ahead = ahead.discard(edge, generator)
-            keep = len(sequence) + verdict.accepted
-            if ahead is None:
-                edge.rollback(min(len(edge), keep))
-            cloud.rollback(keep)
+                # 5. Roll both caches back to the accepted prefix (the edge may hold less already). A
+                #    block drafted ahead after another sequence than the verdict's is discarded first.
+                if ahead is not None and ahead.sequence != sequence + new_tokens:
+                    ahead = ahead.discard(edge, generator)
+                keep = len(sequence) + verdict.accepted
+                if ahead is None:
+                    edge.rollback(min(len(edge), keep))
+                cloud.rollback(keep)
+                verified = len(answer) + len(new_tokens)
 
         # 6. Extend the sequence token by token; the first token that ends generation ends it.
         done = extend(sequence, new_tokens, rules)
@@ -266,7 +317,7 @@ def speculative_decode(
 
     stats.tokens = len(sequence) - prompt_len
     count_work(stats, edge, cloud)
-    return DecodeResult(sequence[prompt_len:], stats, events)
+    return DecodeResult(sequence[prompt_len:], stats, events, lost)
 
 
 class AheadPays:

@@ -78,23 +78,47 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+# Every way the cloud can fail a clip is one of these classes, and each names its failure in
+# `cloud_failure`: the word a record's `fallback` field carries when the edge finishes the clip
+# alone (decoding/loop.py reads the attribute; it never imports this module). An exception
+# without it (a bug, a bad option) is never taken for a cloud failure.
+
 class CloudUnreachable(SpecdecError):
     """The server cannot be reached (down, wrong address): bad usage for `describe` (exit 2); in a
     batch the clip gets an error record and is retried on resume."""
 
     exit_code = 2
+    cloud_failure = "unreachable"
 
 
 class CloudError(SpecdecError):
     """The server answered, but not with a result (full for too long, refused the request)."""
 
+    cloud_failure = "refused"
+
+
+class CloudDropped(CloudError):
+    """The server took the connection and closed it without answering, for the whole retry window."""
+
+    cloud_failure = "dropped"
+
 
 class CloudTimeout(CloudError):
     """The server took the connection but did not answer within the request's deadline."""
 
+    cloud_failure = "timeout"
+
+
+class CloudDeadline(CloudTimeout):
+    """The clip's whole-clip budget for the cloud (--cloud-deadline) ran out before an answer."""
+
+    cloud_failure = "deadline"
+
 
 class CloudAnswerError(CloudError):
     """The server answered with something specdec cannot use: the clip fails, never decodes on."""
+
+    cloud_failure = "unusable"
 
 
 @dataclass
@@ -254,19 +278,26 @@ class RemoteClient:
     # -- requests ---------------------------------------------------------------------------------
 
     def call(self, method: str, path: str, message: msgspec.Struct | None, kind: type | None,
-             link: LinkStats, cap: int | None = None, retry_s: float | None = None, session: str | None = None) -> Any:
+             link: LinkStats, cap: int | None = None, retry_s: float | None = None, session: str | None = None,
+             until: float | None = None) -> Any:
         """One request, retried while the server is unreachable or full, within `retry_s` (default:
         the client's); every attempt is counted in `link`. `session`: the clip's session id, sent
         in the X-Session-Id header (a session-affine router's key: every request of a clip, the
-        first included, reaches the replica that holds or will hold its session). Returns the decoded answer (None when `kind` is None, the
-        body when it is `bytes`); `cap`: the most bytes the answer's body may take (default: one
-        verdict with its probability row at the vocabulary /health reported)."""
+        first included, reaches the replica that holds or will hold its session). Returns the decoded
+        answer (None when `kind` is None, the body when it is `bytes`); `cap`: the most bytes the answer's body may take (default: one
+        verdict with its probability row at the vocabulary /health reported). `until`: the clip's
+        deadline (time.monotonic()): no attempt outlives it, none starts after it (CloudDeadline)."""
         body = wire.encode(message) if message is not None else b""
         cap = answers.answer_cap(self.vocab) if cap is None else cap
         retry_s = self.retry_s if retry_s is None else retry_s
         deadline = time.monotonic() + (0.0 if self._down else retry_s)
+        if until is not None:
+            deadline = min(deadline, until)
         pause = 0.1
         while True:
+            budget = self.timeout_s if until is None else min(self.timeout_s, until - time.monotonic())
+            if budget <= 0:
+                raise self._late()
             headers = {**({"Content-Type": wire.MSGPACK} if body else {}), **_session_header(session)}
             request = self.exchange.request(method, path, body, headers or None)
             started = time.perf_counter()
@@ -275,10 +306,12 @@ class RemoteClient:
             answer: Answer | None = None
             failure: httpx.TransportError | None = None
             try:
-                answer = self.exchange.send(request, cap)
+                answer = self.exchange.send(request, cap, budget)
             except httpx.TransportError as exc:  # refused, reset, dropped: the server may be restarting
                 failure = exc
             except TimeoutError:
+                if budget < self.timeout_s:  # cut short by the clip's deadline, not the request's own
+                    raise self._late() from None
                 raise CloudTimeout(f"the cloud at {self.url} did not answer within {self.timeout_s:g} s; check that "
                                    f"it is a working `specdec serve`, or allow longer with --cloud-timeout SECONDS "
                                    f"({TIMEOUT_ENV})") from None
@@ -322,6 +355,10 @@ class RemoteClient:
                                  f"{_error_text(answer)}); retry later, or start it with a larger --max-sessions")
             time.sleep(wait)
 
+    def _late(self) -> CloudDeadline:
+        return CloudDeadline(f"the cloud at {self.url} did not finish the clip within its --cloud-deadline; "
+                             "allow longer with --cloud-deadline SECONDS")
+
     def check(self, fn: Any, *args: Any) -> Any:
         """`fn(*args)` (one of answers.py's checks), its Unusable as this server's CloudAnswerError."""
         try:
@@ -352,15 +389,15 @@ class RemoteClient:
             self._down = True
             return CloudUnreachable(f"cannot reach the cloud at {self.url} ({why}); start it with "
                                     "`specdec serve --cloud PATH_OR_ID` or check --cloud")
-        return CloudError(f"the cloud at {self.url} dropped the connection without answering ({why}); "
-                          "check its log, or retry")
+        return CloudDropped(f"the cloud at {self.url} dropped the connection without answering ({why}); "
+                            "check its log, or retry")
 
     # -- per clip ---------------------------------------------------------------------------------
 
-    def clip(self, audio: np.ndarray, cfg: DecodingConfig) -> RemoteCloud:
+    def clip(self, audio: np.ndarray, cfg: DecodingConfig, until: float | None = None) -> RemoteCloud:
         """The cloud for one clip (a session opened at its start with --upload eager, else at its
-        first verification, if any)."""
-        return RemoteCloud(self, audio, cfg, self.eager_for(cfg))
+        first verification, if any); `until`: the clip's deadline (time.monotonic()), or None."""
+        return RemoteCloud(self, audio, cfg, self.eager_for(cfg), until)
 
     def eager_for(self, cfg: DecodingConfig) -> bool:
         """Whether this clip goes up at its start. "auto": eager only when it pays on this run's
@@ -378,12 +415,14 @@ class RemoteClient:
         return sum(self.lead_s) / len(self.lead_s) > sum(self.upload_s) / len(self.upload_s)
 
     def generate(self, audio: np.ndarray, inputs: Mapping[str, torch.Tensor], cfg: DecodingConfig,
-                 pad_id: int | None) -> tuple[DecodeResult, LinkStats]:
-        """Cloud-only: the clip goes up, the description comes back (one round trip)."""
-        link = LinkStats()
+                 pad_id: int | None, link: LinkStats | None = None,
+                 until: float | None = None) -> tuple[DecodeResult, LinkStats]:
+        """Cloud-only: the clip goes up, the description comes back (one round trip). `link`: where
+        to count it (a new LinkStats by default); `until`: the clip's deadline, or None."""
+        link = LinkStats() if link is None else link
         clip = clip_message(audio, self.info["rate"], inputs)
         answer = self.call("POST", "/v1/generate", wire.GenerateRequest(clip, config_dict(cfg), pad_id),
-                           wire.GenerateResponse, link, cap=answers.generate_cap(cfg.max_new_tokens))
+                           wire.GenerateResponse, link, cap=answers.generate_cap(cfg.max_new_tokens), until=until)
         self.check(answers.generated, answer, self.info["vocab"], cfg.max_new_tokens)
         stats = DecodeStats(tokens=len(answer.tokens))
         for name, value in answer.stats.items():
@@ -429,8 +468,10 @@ class RemoteCloud:
 
     MAX_REBUILDS = 3  # per request: a server that loses the session every time is reported
 
-    def __init__(self, client: RemoteClient, audio: np.ndarray, cfg: DecodingConfig, eager: bool = False) -> None:
+    def __init__(self, client: RemoteClient, audio: np.ndarray, cfg: DecodingConfig, eager: bool = False,
+                 until: float | None = None) -> None:
         self.client, self.audio, self.cfg, self.eager = client, audio, cfg, eager
+        self.until = until  # the clip's deadline (time.monotonic()): every request of the clip ends by it
         self.link = LinkStats()
         self._opening: Future[None] | None = None  # the eager upload, on the verification thread
         self._opened: tuple[int, int] | None = None  # its (prefilled, all_forwards), counted at the first verdict
@@ -468,7 +509,7 @@ class RemoteCloud:
         try:
             opened = self.client.call("POST", "/v1/sessions", wire.OpenRequest(self._clip_message(),
                                                                                 config_dict(self.cfg), self.session_id),
-                                      wire.Opened, self.link, session=self.session_id)
+                                      wire.Opened, self.link, session=self.session_id, until=self.until)
         except (CloudError, CloudUnreachable, InputError) as exc:
             log.warning("opening a session at %s failed (%s); the clip goes up at its first verification",
                         self.client.url, wire.first_line(exc))
@@ -526,7 +567,7 @@ class RemoteCloud:
             sent = time.perf_counter()
             try:
                 answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link,
-                                          session=self.session_id)
+                                          session=self.session_id, until=self.until)
                 if request.clip is not None:
                     self.client.upload_s.append(time.perf_counter() - sent)
                 break

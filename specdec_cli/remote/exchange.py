@@ -97,11 +97,12 @@ class Exchange:
     def request(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> httpx.Request:
         return self.http.build_request(method, path, content=body or None, headers=headers)
 
-    def send(self, request: httpx.Request, cap: int) -> Answer:
-        """The answer, read whole, within `timeout_s` from now and `cap` bytes of body. Raises
-        TimeoutError past the deadline, Unusable for a body over the cap or compressed, and
-        httpx.TransportError when the connection fails (ConnectError/ConnectTimeout: none made)."""
-        return self._run(self._send(request, self.timeout_s, cap))
+    def send(self, request: httpx.Request, cap: int, timeout_s: float | None = None) -> Answer:
+        """The answer, read whole, within `timeout_s` (default: the exchange's) from now and `cap`
+        bytes of body. Raises TimeoutError past the deadline, Unusable for a body over the cap or
+        compressed, and httpx.TransportError when the connection fails (ConnectError/ConnectTimeout:
+        none made)."""
+        return self._run(self._send(request, self.timeout_s if timeout_s is None else timeout_s, cap))
 
     def send_later(self, request: httpx.Request, cap: int, timeout_s: float) -> concurrent.futures.Future:
         """Send `request` without waiting for its answer: the future holds the Answer (or the
