@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from .errors import InputError, printable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,11 +84,33 @@ def check_path(path: Path) -> None:
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if stat.S_ISDIR(info.st_mode):
-        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path}` for a folder)")
+        # The suggested command must work as typed: batch needs --out.
+        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path} --out "
+                         "results.jsonl` for a folder)")
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block the decoder; a device (/dev/zero) never ends
+        raise InputError(f"{path} is {_kind(info.st_mode)}, not a file; give an audio file")
     if info.st_size == 0:
         raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
     if not os.access(path, os.R_OK):
         raise InputError(f"cannot read {path}: permission denied")
+
+
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def probe(path: Path) -> None:
+    """Every check a clip passes before any model loads: the path names a non-empty, readable,
+    regular file whose header the decoder reads and whose format specdec decodes. What the header
+    cannot tell (a damaged body, silence, the real length) is found when the clip is read."""
+    _check_format(_opened(path, None), path)
 
 
 def _source(path: Path, data: bytes | None):
@@ -123,7 +145,47 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
     if samples.shape[0] > limit:
         raise InputError(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
                          f"per clip: {segment_hint(max_seconds)}")
+    _warn_if_short(path, data, info, samples.shape[0])
     return _checked(samples, info.samplerate, sampling_rate, max_seconds, path)
+
+
+class TruncatedClip(UserWarning):
+    """A clip holds less audio than its header says (a copy cut short, a recorder that died): it is
+    described as it is, and said so."""
+
+
+# A WAV data size meaning "unknown length" (written to a pipe): no claim to hold the file to.
+_UNKNOWN_WAV_BYTES = 0xFFFFFFFF
+
+
+def _claimed_frames(path: Path, data: bytes | None, info) -> int | None:
+    """The frames a PCM WAV header claims, as written (libsndfile clamps its count to what the file
+    holds, so it cannot tell a cut file from a whole one; the stdlib's wave reader gives the
+    header's own count). None for other formats, or a header that states no length."""
+    if info.format != "WAV":
+        return None
+    import io
+    import wave
+
+    try:
+        with wave.open(io.BytesIO(data) if data is not None else str(path), "rb") as w:
+            frames, width = w.getnframes(), w.getsampwidth() * w.getnchannels()
+    except (wave.Error, EOFError, OSError):
+        return None  # float or extensible WAV (wave reads PCM only): no claim checked
+    if width <= 0 or frames * width >= _UNKNOWN_WAV_BYTES - width or frames == 0:
+        return None
+    return frames
+
+
+def _warn_if_short(path: Path, data: bytes | None, info, frames: int) -> None:
+    """One line when the clip holds less than its header claims: the length claimed and the length read."""
+    import warnings
+
+    claimed = _claimed_frames(path, data, info)
+    if claimed is not None and claimed > frames:
+        rate = info.samplerate
+        warnings.warn(TruncatedClip(f"{printable(str(path))} is cut short: its header says {claimed / rate:.2f} s, "
+                                    f"the file holds {frames / rate:.2f} s; described as it is"), stacklevel=3)
 
 
 def _opened(path: Path, data: bytes | None):  # -> soundfile's info record, the file known readable

@@ -54,8 +54,8 @@ def test_each_refusal_word_for_word(tmp_path, hint):
     sf.write(str(tmp_path / "nan.wav"), nan, SR, subtype="FLOAT")
     assert refused(tmp_path / "nan.wav") == f"{tmp_path / 'nan.wav'} contains NaN or infinite samples; re-export the audio"
     assert refused(tmp_path / "nope.wav") == f"no such file: {tmp_path / 'nope.wav'}; check the path"
-    assert refused(tmp_path) == (f"{tmp_path} is a directory; give one audio file (use `specdec batch {tmp_path}` "
-                                 "for a folder)")
+    assert refused(tmp_path) == (f"{tmp_path} is a directory; give one audio file (use `specdec batch {tmp_path} --out "
+                                 "results.jsonl` for a folder)")
 
 
 @pytest.mark.parametrize(("suffixes", "expected"), [

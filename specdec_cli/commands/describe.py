@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..audio import check_path
-from ..errors import InputError, SpecdecError, one_line
+from ..errors import InputError, one_line
+from ..inputs import check_clips, some_failed
 from ..segments import Piece
 from ..strict_json import dumps_record
 from . import ui
@@ -77,15 +78,24 @@ def describe(
     and the segment's start and end (seconds)."""
     from ..settings import explicit
 
-    for clip in clips:
-        check_path(Path(clip))
+    alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
+    err = ui.console()
+    if len(clips) == 1:  # one file: its problem is the command's error, as it always was
+        check_path(Path(clips[0]))
+        bad: dict[str, str] = {}
+    else:  # many: every file checked before the models load, every problem listed at once (inputs.py)
+        checked = check_clips(clips, lambda c: Path(c))
+        for skip in checked.skipped:
+            err.print(f"error: {skip.line().removeprefix('skipped: ')} (skipped)", markup=False, soft_wrap=True)
+        if not checked.clips:
+            raise InputError(f"none of the {len(clips)} clips can be read (each said why above)")
+        bad = {str(s.path): s.reason for s in checked.skipped}
     if plot is not None and len(clips) > 1:
         raise InputError("--plot draws one clip's trace; give one clip")
     if plot is not None and segment:
         raise InputError("--plot draws one clip's trace; it does not go with --segment")
     overrides = explicit(**decoding.given)
     plot_trace = plot_trace_fn() if plot is not None else None
-    err = ui.console()
     spec = spec_of(models, decoding.presets_file)
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
@@ -94,7 +104,6 @@ def describe(
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
     views = not json_out  # --json: data only; nothing drawn
     show_trace = (err.is_terminal and views) if trace is None else trace
-    alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
     failed = described = 0
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
@@ -108,6 +117,12 @@ def describe(
             _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where)))
 
     for clip in clips:
+        if clip in bad:  # said before loading; counted, and its error record in its place with --json
+            failed += 1
+            described += 1
+            if json_out:
+                _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip])))
+            continue
         if segment:
             try:
                 recording = pair.recording(clip)
@@ -150,7 +165,7 @@ def describe(
             recording.close()
     if failed:
         what = "segments or clips" if segment else "clips"
-        raise SpecdecError(f"{failed} of {described} {what} failed (each said why above)")
+        raise some_failed(failed, described, what)
 
 
 def _span(segment: Segment) -> str:

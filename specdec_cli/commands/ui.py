@@ -32,6 +32,7 @@ from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
     from ..decoding.loop import BlockEvent
+from ..errors import printable
 from ..presets import EXTRA_KEYS, GATE_KEYS, PRESET_KEYS, Preset
 
 # prompt.INSTRUCTION is the gate's DEFAULT_INSTRUCTION (a test checks); decoding.gate imports numpy,
@@ -384,7 +385,10 @@ class CloudFreeTally:
         self.free += bool(record["cloud_free"])
 
     def line(self) -> str:
-        return f"no cloud: {self.free} of {self.clips} clips never reached the cloud ({self.free / self.clips:.0%})"
+        if not self.free:  # "no cloud: 0 of 12 clips never reached the cloud" read as a double negative
+            return f"cloud-free: none of {self.clips} clips; every one reached the cloud"
+        return (f"cloud-free: {self.free} of {self.clips} clips ({self.free / self.clips:.0%}) never reached the "
+                "cloud")
 
 
 def _size(n: int) -> str:
@@ -410,11 +414,13 @@ def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
         for key in PRESET_KEYS:
             value = p.values.get(key)
             cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
-        table.add_row(name, *cells, _source(p, base.get(name)))
+        # A presets file is the user's (or a downloaded model folder's) text: printed escaped, so an
+        # ESC or newline in a name or description cannot drive the terminal or fake a line.
+        table.add_row(printable(name), *cells, printable(_source(p, base.get(name))))
         extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
         if p.description or extra:
-            notes.append(f"{name}", style="bold").append(f": {' · '.join(filter(None, (p.description, extra)))}\n",
-                                                          style="dim")
+            about = printable(' · '.join(filter(None, (p.description, extra))))
+            notes.append(printable(name), style="bold").append(f": {about}\n", style="dim")
     notes.rstrip()
     return Group(table, notes) if notes else Group(table)
 
