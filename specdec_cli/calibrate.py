@@ -327,8 +327,8 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     names, paths = [names[i] for i in kept], [paths[i] for i in kept]
     labels = None if labels is None else [labels[i] for i in kept]
     if len(paths) < 2:
-        raise InputError(f"calibration needs at least 2 readable clips (one per half); {directory} has "
-                         f"{len(paths)}")
+        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has "
+                         f"{len(paths)} readable")
     calib = list(range(0, len(paths), 2))
     check = list(range(1, len(paths), 2))
     warm_up(pair.describer, audios[0])

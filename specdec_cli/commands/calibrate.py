@@ -97,8 +97,8 @@ def calibrate(
     for skip in skipped:
         err.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
     if len(paths) < 2:
-        raise InputError(f"calibration needs at least 2 readable clips (one per half); {directory} has "
-                         f"{len(paths)}" + (f" ({len(skipped)} skipped, named above)" if skipped else ""))
+        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has "
+                         f"{len(paths)} readable" + (f" ({len(skipped)} skipped, named above)" if skipped else ""))
     pair = load(spec_of(models, None), err)
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -66,6 +66,11 @@ def describe(
     trace: Annotated[bool | None, typer.Option(
         "--trace/--no-trace", help="Keep the decoding trace (one line per block) on stderr when decoding ends. "
         "Default: on a terminal, without --json.", show_default=False)] = None,
+    panel: Annotated[bool | None, typer.Option(
+        "--panel/--no-panel", help="Print each clip's summary box on stderr. Default: on a terminal, without --json "
+        "(a log or a pipe gets the sentences alone).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the sentences (and errors): no live view, "
+                                        "trace or panel.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
                                               "to this PNG (one clip). Needs matplotlib.", show_default=False)] = None,
     segment: SegmentOpt = False,
@@ -102,8 +107,10 @@ def describe(
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
     pair = load(spec, err)
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
-    views = not json_out  # --json: data only; nothing drawn
-    show_trace = (err.is_terminal and views) if trace is None else trace
+    views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
+    show_trace = (err.is_terminal and views) if trace is None else trace and not quiet
+    # The panel is for a person at a terminal: a pipe or a log gets it only when asked (--panel).
+    show_panel = (err.is_terminal and views) if panel is None else panel and not quiet
     failed = described = 0
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
@@ -151,7 +158,7 @@ def describe(
                 continue
             if show_trace and result.events:
                 ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
-            if views:
+            if show_panel:
                 err.print(ui.summary_panel(result.record))
             if plot_trace is not None and plot is not None:
                 written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)

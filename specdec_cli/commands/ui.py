@@ -69,9 +69,22 @@ def gate_rule(cfg: DecodingConfig, short: bool = False) -> str:
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
-    """One token as the user should see it: specials by name, invisible characters made visible."""
+    """One token as the user should see it: an end-of-turn token as a readable end mark (⟨end⟩), other
+    special tokens by their bare name (⟨audio_bos⟩), invisible characters made visible."""
     text = tokenizer.decode([token_id], skip_special_tokens=False)
-    return text.replace("\n", "⏎").replace(" ", "␣") or "∅"
+    special = text.startswith("<|") and text.endswith("|>") and len(text) > 4
+    if special and token_id in set(getattr(tokenizer, "all_special_ids", ()) or ()) | _added_ids(tokenizer):
+        name = text[2:-2]
+        return "⟨end⟩" if name in ("im_end", "endoftext") else f"⟨{name}⟩"
+    return printable(text).replace("\\n", "⏎").replace(" ", "␣") or "∅"
+
+
+def _added_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokenizer's added tokens (Qwen's <|im_end|> is one, not always in all_special_ids)."""
+    try:
+        return set(tokenizer.get_added_vocab().values())
+    except Exception:  # a tokenizer without added tokens
+        return set()
 
 
 def format_threshold(threshold: float) -> str:
@@ -292,7 +305,9 @@ def summary_panel(record: dict[str, Any]) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="dim", no_wrap=True)
     grid.add_column()
-    grid.add_row("description", Text(record.get("description") or "", style="bold"))
+    # fold: a CJK sentence has no spaces to wrap at; Rich folds it at cell widths (2 per CJK character),
+    # so the panel never cuts the description.
+    grid.add_row("description", Text(record.get("description") or "", style="bold", overflow="fold"))
     mode = record["mode"] + (f" (preset {record['preset']})" if record.get("preset") and record["mode"] == "spec" else "")
     grid.add_row("mode", mode)
     if record["mode"] == "spec":
