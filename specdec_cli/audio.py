@@ -18,6 +18,7 @@ whatever the file's length, and the normal path's bound above is untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -64,7 +65,16 @@ def audio_suffixes() -> tuple[str, ...]:
 
 def _formats_hint() -> str:
     names = [s.lstrip(".").upper() for s in audio_suffixes()]
+    if _has_av():
+        names.append("M4A")  # and whatever else ffmpeg decodes (AAC, WMA, WebM, ...): PyAV below
     return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+@functools.cache
+def _has_av() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("av") is not None
 
 
 def _reason(exc: Exception) -> str:
@@ -113,6 +123,11 @@ def probe(path: Path) -> None:
     _check_format(_opened(path, None), path)
 
 
+def header_rate(path: Path, data: bytes | None = None) -> int:
+    """The sampling rate a readable clip's header states (libsndfile's, else ffmpeg's through PyAV)."""
+    return int(_info(path, data).samplerate)
+
+
 def _source(path: Path, data: bytes | None):
     """What soundfile reads: the file, or the clip's bytes (a fresh stream per read)."""
     import io
@@ -120,13 +135,102 @@ def _source(path: Path, data: bytes | None):
     return str(path) if data is None else io.BytesIO(data)
 
 
-def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record (frames, samplerate, ...)
+def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record, or an AvInfo
     import soundfile as sf
 
     try:
         return sf.info(_source(path, data))
     except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+        found = _av_info(path, data)  # what libsndfile does not read (m4a/AAC, WMA, WebM, ...): ffmpeg's
+        if found is not None:
+            return found
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
+
+
+# -- what libsndfile does not read: PyAV (ffmpeg's decoders, bundled in its wheels) ---------------------
+#
+# Why PyAV and not librosa/audioread over an apt ffmpeg (measured here, docs/usage.md "Formats"): the
+# av 18.1.0 wheel is 36 MB (104 MB installed, ffmpeg's libraries inside) and needs nothing from apt,
+# where ffmpeg from Debian is 101 packages and 293 MB installed; PyAV decodes in this process, forward,
+# frame by frame, so the same bound as libsndfile's reads applies (at most the window + 1 frame, never
+# the whole file), where audioread pipes a whole ffmpeg subprocess per clip. Formats libsndfile reads
+# stay on libsndfile (its decoders are what the tests and the docs' figures were made with).
+
+@dataclasses.dataclass(frozen=True)
+class AvInfo:
+    """What PyAV's container says about a clip's first audio stream, shaped as soundfile's info."""
+
+    frames: int         # UNKNOWN_FRAMES when the container states no duration
+    samplerate: int
+    channels: int
+    format: str         # "FFMPEG:<container>/<codec>"
+
+
+def _av_source(path: Path, data: bytes | None):
+    import io
+
+    return str(path) if data is None else io.BytesIO(data)
+
+
+def _av_info(path: Path, data: bytes | None) -> AvInfo | None:
+    """The clip's audio as ffmpeg sees it, or None: PyAV not installed, or not audio it decodes."""
+    try:
+        import av
+    except ImportError:
+        return None
+    try:
+        with av.open(_av_source(path, data), "r") as container:
+            if not container.streams.audio:
+                return None
+            stream = container.streams.audio[0]
+            rate, channels = int(stream.rate or 0), int(stream.channels or 0)
+            seconds = (float(stream.duration * stream.time_base) if stream.duration and stream.time_base else
+                       container.duration / 1_000_000 if container.duration else None)
+            frames = UNKNOWN_FRAMES if seconds is None else round(seconds * rate)
+            return AvInfo(frames, rate, channels, f"FFMPEG:{container.format.name}/{stream.codec_context.name}")
+    except (av.FFmpegError, OSError, ValueError, IndexError):
+        return None
+
+
+class _AvStream:
+    """A clip decoded by PyAV as a forward stream with SoundFile's `read(frames, dtype, always_2d)`:
+    each decoded frame converted to packed float32 (av.AudioResampler, rate and layout kept), at
+    most what is asked held beyond it."""
+
+    def __init__(self, path: Path, data: bytes | None, channels: int) -> None:
+        import av
+
+        self._container = av.open(_av_source(path, data), "r")
+        self._frames = self._container.decode(self._container.streams.audio[0])
+        self._to_float = av.AudioResampler(format="flt")
+        self._channels = channels
+        self._held: list[np.ndarray] = []
+        self._count = 0
+
+    def _more(self) -> bool:
+        import numpy as np
+
+        frame = next(self._frames, None)
+        if frame is None:
+            return False
+        for out in self._to_float.resample(frame):
+            block = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1, self._channels)
+            self._held.append(block)
+            self._count += block.shape[0]
+        return True
+
+    def read(self, frames: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
+        import numpy as np
+
+        while self._count < frames and self._more():
+            pass
+        data = np.concatenate(self._held) if self._held else np.zeros((0, self._channels), dtype=np.float32)
+        out, rest = data[:frames], data[frames:]
+        self._held, self._count = ([rest] if len(rest) else []), len(rest)
+        return out
+
+    def close(self) -> None:
+        self._container.close()
 
 
 def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: bytes | None = None) -> np.ndarray:
@@ -245,6 +349,18 @@ def _forward(path: Path, data: bytes | None, info) -> Iterator:
     """The clip opened as a forward stream (see _decode)."""
     import soundfile as sf
 
+    if isinstance(info, AvInfo):
+        import av
+
+        try:
+            stream = _AvStream(path, data, info.channels)
+        except av.FFmpegError as exc:
+            raise InputError(f"cannot decode {path} as audio ({exc}); give a {_formats_hint()} file") from exc
+        try:
+            yield stream
+        finally:
+            stream.close()
+        return
     if info.format == "MP3":
         with _mp3_pipe(path, data) as stream:
             if stream.frames == UNKNOWN_FRAMES:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from audio_files import write_m4a
 from cli_helpers import FAST, heldout_clips, run_specdec, specdec_exe, subprocess_env
 
 from specdec_cli.inputs import check_clips, clips_for_resolution, resolution_points
@@ -33,6 +34,7 @@ def mixed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     whole = good[0]
     data = whole.read_bytes()
     (root / "cut.wav").write_bytes(data[: len(data) * 6 // 10])  # a copy cut short: the header still says all
+    write_m4a(root / "phone.m4a", sf.read(str(good[1]), dtype="float32")[0])  # what phones record
     (root / "empty.wav").write_bytes(b"")
     (root / "notes.wav").write_text("not audio, just text with a .wav name\n" * 20)
     (root / ESC_NAME).write_text("not audio either\n" * 20)
@@ -73,7 +75,7 @@ def test_batch_names_every_entry_it_skips_with_the_reason(mixed, tmp_path):
     failed = _lines(done.stderr, "failed: ")
     assert len(failed) == 3 and any("bell\\x1b[2Jname.wav" in line for line in failed)
     records = {Path(r["file"]).name: r for r in map(json.loads, out.read_text().splitlines())}
-    assert sorted(n for n, r in records.items() if r["error"] is None) == ["cut.wav", "val-1100.wav",
+    assert sorted(n for n, r in records.items() if r["error"] is None) == ["cut.wav", "phone.m4a", "val-1100.wav",
                                                                           "val-1101.wav", "val-1102.wav"]
     assert "4 other entries skipped" in done.stderr.splitlines()[-1]
 
@@ -92,11 +94,11 @@ def test_eval_skips_each_bad_clip_before_loading_and_says_how_many_it_scored(mix
     [cut] = [line for line in lines if "cut short" in line]
     assert cut == (f"warning: {root / 'cut.wav'} is cut short: its header says {claimed:.2f} s, the file holds "
                    f"{held:.2f} s; described as it is")
-    assert "eval: scored 4 clips; 7 skipped (named above)" in lines
-    assert any(line.startswith("warning: only 4 clips:") for line in lines)
-    assert lines[-1] == "error: 7 of 11 clips failed (each said why above)"
+    assert "eval: scored 5 clips; 7 skipped (named above)" in lines
+    assert any(line.startswith("warning: only 5 clips:") for line in lines)
+    assert lines[-1] == "error: 7 of 12 clips failed (each said why above)"
     data = json.loads(report.read_text())
-    assert data["clips"] == 4 and len(data["skipped"]) == 7
+    assert data["clips"] == 5 and len(data["skipped"]) == 7
     assert {Path(s["file"]).name for s in data["skipped"]} == set(reasons)
 
 
@@ -121,10 +123,10 @@ def test_calibrate_says_what_its_choice_rests_on(mixed, tmp_path):
                        *FAST, timeout=600)
     assert done.returncode == 1, done.stderr
     assert len(_lines(done.stderr, "skipped: ")) == 7 and out.exists()
-    assert "calibrate: chose on 2 clips, checked on 2; 7 skipped (named above)" in done.stderr
+    assert "calibrate: chose on 3 clips, checked on 2; 7 skipped (named above)" in done.stderr
     need = 2 * clips_for_resolution(1.0)
-    assert f"warning: the choice rests on 2 calibration clips (checked on 2): one attribute changed on one clip " \
-           f"moves quality by {resolution_points(2):.1f} points, more than the 1-point target; calibrate on at " \
+    assert f"warning: the choice rests on 3 calibration clips (checked on 2): one attribute changed on one clip " \
+           f"moves quality by {resolution_points(3):.1f} points, more than the 1-point target; calibrate on at " \
            f"least {need} clips" in done.stderr
 
 
@@ -179,3 +181,24 @@ def test_batch_names_an_unreadable_subfolder(tmp_path):
         locked.chmod(0o755)
     assert [p.name for p in found.files] == ["a.wav"]
     assert found.skipped_lines() == [f"skipped: {locked}: cannot read this folder: Permission denied"]
+
+
+def test_an_m4a_reads_as_its_source_under_the_same_bounds(tmp_path):
+    """m4a/AAC through PyAV: the samples are the source's (same length within the codec's padding,
+    same loudness), and a clip over the window is refused by its header before any decoding."""
+    from cli_helpers import tone
+
+    from specdec_cli.audio import load_audio
+    from specdec_cli.errors import InputError
+
+    source = tone(2.0, amplitude=0.3)
+    clip = write_m4a(tmp_path / "a.m4a", source)
+    got = load_audio(clip, 16000, 30.0)
+    assert abs(len(got) - len(source)) <= 2048  # AAC's priming and last-frame padding, at most two frames
+    rms = lambda x: float(np.sqrt(np.mean(np.square(x))))  # noqa: E731
+    assert rms(got) == pytest.approx(rms(source), rel=0.05)
+    long = write_m4a(tmp_path / "long.m4a", tone(31.0, amplitude=0.3))
+    with pytest.raises(InputError, match=r"long\.m4a is 31\.\d s long; the model takes at most 30 s"):
+        load_audio(long, 16000, 30.0)
+    done = run_specdec("describe", str(clip), *FAST)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
