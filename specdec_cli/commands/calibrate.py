@@ -18,6 +18,7 @@ from .. import calibrate as calibration
 from ..errors import InputError
 from ..inputs import Skipped, some_failed
 from . import ui
+from .app import Interrupted
 from .describe import load, spec_of
 from .options import GENERATION, MODELS, Models, with_options
 
@@ -99,7 +100,10 @@ def calibrate(
     if len(paths) < 2:
         raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has "
                          f"{len(paths)} readable" + (f" ({len(skipped)} skipped, named above)" if skipped else ""))
-    pair = load(spec_of(models, None), err)
+    try:
+        pair = load(spec_of(models, None), err)
+    except KeyboardInterrupt:
+        raise Interrupted(f"while the models loaded: nothing was calibrated and {out} was not written") from None
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
@@ -108,12 +112,16 @@ def calibrate(
         skipped.append(skip)
         progress.console.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
 
-    with progress:
-        found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
-                                      percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
-                                      batch_size=batch_size, settings=base, quality_points=quality_points,
-                                      fluent_points=fluent_points, progress=_Bar(progress), gate=gate,
-                                      margin=margin, on_skip=on_skip)
+    try:
+        with progress:
+            found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
+                                          percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size, settings=base, quality_points=quality_points,
+                                          fluent_points=fluent_points, progress=_Bar(progress), gate=gate,
+                                          margin=margin, on_skip=on_skip)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{out} was not written: the presets are chosen once every setting has run on every "
+                          "clip; --limit N, --no-gate or fewer --ks/--percentiles make a shorter run") from None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(found.toml, encoding="utf-8")

@@ -14,6 +14,7 @@ from ..inputs import check_clips, some_failed
 from ..segments import Piece
 from ..strict_json import dumps_record
 from . import ui
+from .app import Interrupted
 from .options import DECODING, MODELS, Decoding, Models, SegmentOpt, with_options
 
 if TYPE_CHECKING:
@@ -105,13 +106,16 @@ def describe(
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
-    pair = load(spec, err)
+    try:
+        pair = load(spec, err)
+    except KeyboardInterrupt:
+        raise Interrupted(f"while the models loaded: none of the {len(clips)} clips was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
     views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
     show_trace = (err.is_terminal and views) if trace is None else trace and not quiet
     # The panel is for a person at a terminal: a pipe or a log gets it only when asked (--panel).
     show_panel = (err.is_terminal and views) if panel is None else panel and not quiet
-    failed = described = 0
+    failed = described = ok = 0
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
         nonlocal failed
@@ -123,53 +127,60 @@ def describe(
         if json_out:
             _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where)))
 
-    for clip in clips:
-        if clip in bad:  # said before loading; counted, and its error record in its place with --json
-            failed += 1
-            described += 1
-            if json_out:
-                _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip])))
-            continue
-        if segment:
-            try:
-                recording = pair.recording(clip)
-            except Exception as exc:
-                if len(clips) == 1:
-                    raise  # one recording that cannot be read: the command's error
+    try:
+        for clip in clips:
+            if clip in bad:  # said before loading; counted, and its error record in its place with --json
+                failed += 1
                 described += 1
-                failure(clip, exc)
+                if json_out:
+                    _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip])))
                 continue
-            parts: list[Segment | None] = list(recording.segments)
-        else:
-            parts = [None]
-        for where in parts:
-            described += 1
-            title = f"specdec · {clip}" + (f" · {_span(where)}" if where is not None else "")
-            view = ui.LiveView(err, pair.tokenizer, run.cfg, title=title,
-                               enabled=views and not no_live and err.is_terminal)
-            try:
-                audio = Piece(clip, where, recording.read(where)) if where is not None else clip
-                with view:
-                    result = pair.describe(audio, on_block=view.on_block, resolved=run)
-            except Exception as exc:
-                if alone:
-                    raise
-                failure(clip, exc, where)
-                continue
-            if show_trace and result.events:
-                ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
-            if show_panel:
-                err.print(ui.summary_panel(result.record))
-            if plot_trace is not None and plot is not None:
-                written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)
-                err.print(f"trace plot: {written}", markup=False)
-            if json_out:
-                _print(dumps_record(result.record))
-            else:  # several clips (or segments): each sentence after its file, as grep names its files
-                text = result.description or ""
-                _print(text if alone else f"{clip}{' ' + _span(where) if where is not None else ''}: {text}")
-        if segment:
-            recording.close()
+            if segment:
+                try:
+                    recording = pair.recording(clip)
+                except Exception as exc:
+                    if len(clips) == 1:
+                        raise  # one recording that cannot be read: the command's error
+                    described += 1
+                    failure(clip, exc)
+                    continue
+                parts: list[Segment | None] = list(recording.segments)
+            else:
+                parts = [None]
+            for where in parts:
+                described += 1
+                title = f"specdec · {clip}" + (f" · {_span(where)}" if where is not None else "")
+                view = ui.LiveView(err, pair.tokenizer, run.cfg, title=title,
+                                   enabled=views and not no_live and err.is_terminal)
+                try:
+                    audio = Piece(clip, where, recording.read(where)) if where is not None else clip
+                    with view:
+                        result = pair.describe(audio, on_block=view.on_block, resolved=run)
+                except Exception as exc:
+                    if alone:
+                        raise
+                    failure(clip, exc, where)
+                    continue
+                if show_trace and result.events:
+                    ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
+                if show_panel:
+                    err.print(ui.summary_panel(result.record))
+                if plot_trace is not None and plot is not None:
+                    written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)
+                    err.print(f"trace plot: {written}", markup=False)
+                ok += 1
+                if json_out:
+                    _print(dumps_record(result.record))
+                else:  # several clips (or segments): each sentence after its file, as grep names its files
+                    text = result.description or ""
+                    _print(text if alone else f"{clip}{' ' + _span(where) if where is not None else ''}: {text}")
+            if segment:
+                recording.close()
+    except KeyboardInterrupt:
+        # What Ctrl-C leaves: the sentences printed so far are whole; the clip in flight and the rest are not.
+        what = "segments" if segment else "clips"
+        raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
+                          f"{len(clips) - clips.index(clip)} of {len(clips)} clips not finished, from {clip}") from None
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)

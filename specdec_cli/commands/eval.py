@@ -25,6 +25,7 @@ from ..inputs import Skipped, check_clips, clips_for_resolution, plural, resolut
 from ..models import presets_file_for
 from ..presets import check_presets_file, load_presets
 from . import ui
+from .app import Interrupted
 from .describe import load, spec_of
 from .options import EVAL_GENERATION, MODELS, Models, with_options
 
@@ -138,7 +139,10 @@ def evaluate_command(
         plots.require_matplotlib()  # fail now, not after an hour of decoding, if matplotlib is missing
     spec = spec_of(models, presets_file)
     eval_modes = evaluate.mode_configs(mode_names, list(spec.presets_files), max_new_tokens, k, thresholds, base)
-    pair = load(spec, err)
+    try:
+        pair = load(spec, err)
+    except KeyboardInterrupt:
+        raise Interrupted("while the models loaded: nothing was evaluated") from None
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True)
@@ -155,7 +159,13 @@ def evaluate_command(
             skipped.append(skip)
             progress.console.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
 
-        records = evaluate.run_eval(pair, clips, eval_modes, cloud_rtt_ms, on_record, batch_size, on_skip)
+        try:
+            records = evaluate.run_eval(pair, clips, eval_modes, cloud_rtt_ms, on_record, batch_size, on_skip)
+        except KeyboardInterrupt:
+            done = int(progress.tasks[0].completed)
+            raise Interrupted(f"after {done} of {len(clips) * len(eval_modes)} decodes: no table or report was "
+                              "written (eval scores every mode at the end); --limit N or fewer --modes make a "
+                              "shorter run") from None
 
     settings = {"modes": mode_names, "sweep": sweep, "k": k, "max_new_tokens": max_new_tokens,
                 "cloud_rtt_ms": cloud_rtt_ms, "device": models.device, "dtype": models.dtype,
