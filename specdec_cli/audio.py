@@ -188,8 +188,8 @@ def _av_info(path: Path, data: bytes | None) -> AvInfo | None:
                        container.duration / 1_000_000 if container.duration else None)
             frames = UNKNOWN_FRAMES if seconds is None else round(seconds * rate)
             return AvInfo(frames, rate, channels, f"FFMPEG:{container.format.name}/{stream.codec_context.name}")
-    except (av.FFmpegError, OSError, ValueError, IndexError):
-        return None
+    except Exception:  # any failure to probe (FFmpegError, a stream without a rate: AttributeError, ...)
+        return None     # is "not audio ffmpeg decodes": libsndfile's reason is then the one given
 
 
 class _AvStream:
@@ -354,7 +354,7 @@ def _forward(path: Path, data: bytes | None, info) -> Iterator:
 
         try:
             stream = _AvStream(path, data, info.channels)
-        except av.FFmpegError as exc:
+        except (av.FFmpegError, AttributeError, ValueError) as exc:
             raise InputError(f"cannot decode {path} as audio ({exc}); give a {_formats_hint()} file") from exc
         try:
             yield stream
