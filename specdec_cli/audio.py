@@ -18,6 +18,7 @@ whatever the file's length, and the normal path's bound above is untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from .errors import InputError, printable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,7 +65,16 @@ def audio_suffixes() -> tuple[str, ...]:
 
 def _formats_hint() -> str:
     names = [s.lstrip(".").upper() for s in audio_suffixes()]
+    if _has_av():
+        names.append("M4A")  # and whatever else ffmpeg decodes (AAC, WMA, WebM, ...): PyAV below
     return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+@functools.cache
+def _has_av() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("av") is not None
 
 
 def _reason(exc: Exception) -> str:
@@ -84,11 +94,38 @@ def check_path(path: Path) -> None:
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if stat.S_ISDIR(info.st_mode):
-        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path}` for a folder)")
+        # The suggested command must work as typed: batch needs --out.
+        raise InputError(f"{path} is a directory; give one audio file (use `specdec batch {path} --out "
+                         "results.jsonl` for a folder)")
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block the decoder; a device (/dev/zero) never ends
+        raise InputError(f"{path} is {_kind(info.st_mode)}, not a file; give an audio file")
     if info.st_size == 0:
         raise InputError(f"{path} is empty (0 bytes); give a {_formats_hint()} file")
     if not os.access(path, os.R_OK):
         raise InputError(f"cannot read {path}: permission denied")
+
+
+def _kind(mode: int) -> str:
+    """What a path that is not a regular file is, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def probe(path: Path) -> None:
+    """Every check a clip passes before any model loads: the path names a non-empty, readable,
+    regular file whose header the decoder reads and whose format specdec decodes. What the header
+    cannot tell (a damaged body, silence, the real length) is found when the clip is read."""
+    _check_format(_opened(path, None), path)
+
+
+def header_rate(path: Path, data: bytes | None = None) -> int:
+    """The sampling rate a readable clip's header states (libsndfile's, else ffmpeg's through PyAV)."""
+    return int(_info(path, data).samplerate)
 
 
 def _source(path: Path, data: bytes | None):
@@ -98,13 +135,102 @@ def _source(path: Path, data: bytes | None):
     return str(path) if data is None else io.BytesIO(data)
 
 
-def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record (frames, samplerate, ...)
+def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record, or an AvInfo
     import soundfile as sf
 
     try:
         return sf.info(_source(path, data))
     except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+        found = _av_info(path, data)  # what libsndfile does not read (m4a/AAC, WMA, WebM, ...): ffmpeg's
+        if found is not None:
+            return found
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
+
+
+# -- what libsndfile does not read: PyAV (ffmpeg's decoders, bundled in its wheels) ---------------------
+#
+# Why PyAV and not librosa/audioread over an apt ffmpeg (measured here, docs/usage.md "Formats"): the
+# av 18.1.0 wheel is 36 MB (104 MB installed, ffmpeg's libraries inside) and needs nothing from apt,
+# where ffmpeg from Debian is 101 packages and 293 MB installed; PyAV decodes in this process, forward,
+# frame by frame, so the same bound as libsndfile's reads applies (at most the window + 1 frame, never
+# the whole file), where audioread pipes a whole ffmpeg subprocess per clip. Formats libsndfile reads
+# stay on libsndfile (its decoders are what the tests and the docs' figures were made with).
+
+@dataclasses.dataclass(frozen=True)
+class AvInfo:
+    """What PyAV's container says about a clip's first audio stream, shaped as soundfile's info."""
+
+    frames: int         # UNKNOWN_FRAMES when the container states no duration
+    samplerate: int
+    channels: int
+    format: str         # "FFMPEG:<container>/<codec>"
+
+
+def _av_source(path: Path, data: bytes | None):
+    import io
+
+    return str(path) if data is None else io.BytesIO(data)
+
+
+def _av_info(path: Path, data: bytes | None) -> AvInfo | None:
+    """The clip's audio as ffmpeg sees it, or None: PyAV not installed, or not audio it decodes."""
+    try:
+        import av
+    except ImportError:
+        return None
+    try:
+        with av.open(_av_source(path, data), "r") as container:
+            if not container.streams.audio:
+                return None
+            stream = container.streams.audio[0]
+            rate, channels = int(stream.rate or 0), int(stream.channels or 0)
+            seconds = (float(stream.duration * stream.time_base) if stream.duration and stream.time_base else
+                       container.duration / 1_000_000 if container.duration else None)
+            frames = UNKNOWN_FRAMES if seconds is None else round(seconds * rate)
+            return AvInfo(frames, rate, channels, f"FFMPEG:{container.format.name}/{stream.codec_context.name}")
+    except Exception:  # any failure to probe (FFmpegError, a stream without a rate: AttributeError, ...)
+        return None     # is "not audio ffmpeg decodes": libsndfile's reason is then the one given
+
+
+class _AvStream:
+    """A clip decoded by PyAV as a forward stream with SoundFile's `read(frames, dtype, always_2d)`:
+    each decoded frame converted to packed float32 (av.AudioResampler, rate and layout kept), at
+    most what is asked held beyond it."""
+
+    def __init__(self, path: Path, data: bytes | None, channels: int) -> None:
+        import av
+
+        self._container = av.open(_av_source(path, data), "r")
+        self._frames = self._container.decode(self._container.streams.audio[0])
+        self._to_float = av.AudioResampler(format="flt")
+        self._channels = channels
+        self._held: list[np.ndarray] = []
+        self._count = 0
+
+    def _more(self) -> bool:
+        import numpy as np
+
+        frame = next(self._frames, None)
+        if frame is None:
+            return False
+        for out in self._to_float.resample(frame):
+            block = np.asarray(out.to_ndarray(), dtype=np.float32).reshape(-1, self._channels)
+            self._held.append(block)
+            self._count += block.shape[0]
+        return True
+
+    def read(self, frames: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
+        import numpy as np
+
+        while self._count < frames and self._more():
+            pass
+        data = np.concatenate(self._held) if self._held else np.zeros((0, self._channels), dtype=np.float32)
+        out, rest = data[:frames], data[frames:]
+        self._held, self._count = ([rest] if len(rest) else []), len(rest)
+        return out
+
+    def close(self) -> None:
+        self._container.close()
 
 
 def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: bytes | None = None) -> np.ndarray:
@@ -123,7 +249,47 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
     if samples.shape[0] > limit:
         raise InputError(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
                          f"per clip: {segment_hint(max_seconds)}")
+    _warn_if_short(path, data, info, samples.shape[0])
     return _checked(samples, info.samplerate, sampling_rate, max_seconds, path)
+
+
+class TruncatedClip(UserWarning):
+    """A clip holds less audio than its header says (a copy cut short, a recorder that died): it is
+    described as it is, and said so."""
+
+
+# A WAV data size meaning "unknown length" (written to a pipe): no claim to hold the file to.
+_UNKNOWN_WAV_BYTES = 0xFFFFFFFF
+
+
+def _claimed_frames(path: Path, data: bytes | None, info) -> int | None:
+    """The frames a PCM WAV header claims, as written (libsndfile clamps its count to what the file
+    holds, so it cannot tell a cut file from a whole one; the stdlib's wave reader gives the
+    header's own count). None for other formats, or a header that states no length."""
+    if info.format != "WAV":
+        return None
+    import io
+    import wave
+
+    try:
+        with wave.open(io.BytesIO(data) if data is not None else str(path), "rb") as w:
+            frames, width = w.getnframes(), w.getsampwidth() * w.getnchannels()
+    except (wave.Error, EOFError, OSError):
+        return None  # float or extensible WAV (wave reads PCM only): no claim checked
+    if width <= 0 or frames * width >= _UNKNOWN_WAV_BYTES - width or frames == 0:
+        return None
+    return frames
+
+
+def _warn_if_short(path: Path, data: bytes | None, info, frames: int) -> None:
+    """One line when the clip holds less than its header claims: the length claimed and the length read."""
+    import warnings
+
+    claimed = _claimed_frames(path, data, info)
+    if claimed is not None and claimed > frames:
+        rate = info.samplerate
+        warnings.warn(TruncatedClip(f"{printable(str(path))} is cut short: its header says {claimed / rate:.2f} s, "
+                                    f"the file holds {frames / rate:.2f} s; described as it is"), stacklevel=3)
 
 
 def _opened(path: Path, data: bytes | None):  # -> soundfile's info record, the file known readable
@@ -183,6 +349,18 @@ def _forward(path: Path, data: bytes | None, info) -> Iterator:
     """The clip opened as a forward stream (see _decode)."""
     import soundfile as sf
 
+    if isinstance(info, AvInfo):
+        import av
+
+        try:
+            stream = _AvStream(path, data, info.channels)
+        except (av.FFmpegError, AttributeError, ValueError) as exc:
+            raise InputError(f"cannot decode {path} as audio ({exc}); give a {_formats_hint()} file") from exc
+        try:
+            yield stream
+        finally:
+            stream.close()
+        return
     if info.format == "MP3":
         with _mp3_pipe(path, data) as stream:
             if stream.frames == UNKNOWN_FRAMES:

@@ -44,6 +44,7 @@ from . import __version__
 from .calibration_objective import ClipCost, SettingScore, choose, clip_cost, score_clips
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
+from .inputs import Skipped, check_clips, clips_for_resolution, read_all, resolution_points
 from .phrases import ATTRIBUTES, agreement
 
 if TYPE_CHECKING:
@@ -202,18 +203,21 @@ def presets_toml(choices: Sequence[Choice], header: Sequence[str], baselines: di
 
 # -- the inputs ------------------------------------------------------------------------------------
 
-def clips_for(directory: Path, labels: Path | None) -> tuple[list[str], list[Path], list[dict[str, str]] | None]:
-    """The clips to calibrate on (names relative to `directory`, paths) and their labels (None
-    without a labels file: then every audio file of `directory`)."""
+def clips_for(directory: Path, labels: Path | None, limit: int | None = None) -> tuple[
+        list[str], list[Path], list[dict[str, str]] | None, list[Skipped]]:
+    """The clips to calibrate on (names relative to `directory`, paths), their labels (None without
+    a labels file: then every audio file of `directory`), the first `limit` of them, each checked
+    before any model loads (inputs.check_clips); and the files skipped, with the reasons."""
+    from .evaluate import read_labels, unlabelled_clips
+
     if labels is not None:
-        from .evaluate import read_labels
-
-        clips = read_labels(labels, directory)
-        return [c.file for c in clips], [c.path for c in clips], [c.labels for c in clips]
-    from .results import find_audio
-
-    paths = find_audio(directory).files
-    return [str(p.relative_to(directory)) for p in paths], paths, None
+        clips, skipped = read_labels(labels, directory), []
+    else:
+        clips, skipped = unlabelled_clips(directory)
+    checked = check_clips(clips[:limit], lambda c: c.path)
+    kept = checked.clips
+    return ([c.file for c in kept], [c.path for c in kept],
+            None if labels is None else [c.labels for c in kept], skipped + checked.skipped)
 
 
 def _comma_list(text: str, option: str, convert: Callable[[str], float], what: str, example: str) -> list:
@@ -265,6 +269,26 @@ class Calibration:
     n_check: int
     gate: GateChoice | None = None  # None: --no-gate
 
+    def warnings(self) -> list[str]:
+        """What makes the choice weaker than it looks, one line each: too few clips for the targets to
+        be told apart, and a preset whose check half misses its target (on clips it was not chosen
+        on). Empty when neither."""
+        lines = []
+        tightest = min(c.points for c in self.choices)
+        if self.n_calib < clips_for_resolution(tightest):
+            lines.append(f"the choice rests on {self.n_calib} calibration clips (checked on {self.n_check}): one "
+                         f"attribute changed on one clip moves quality by {resolution_points(self.n_calib):.1f} "
+                         f"points, more than the {tightest:g}-point target; calibrate on at least "
+                         f"{2 * clips_for_resolution(tightest)} clips")
+        cloud_check = self.scored["cloud-only"][1].quality
+        for c in self.choices:
+            gap = cloud_check - c.check.quality
+            if gap > c.points:
+                lines.append(f"{c.name} misses its target on the check half: {c.check.quality:.1f} against "
+                             f"cloud-only's {cloud_check:.1f} ({gap:.1f} points below; target within {c.points:g}): "
+                             "the choice does not hold on clips it was not chosen on; calibrate on more clips")
+        return lines
+
 
 def _record(out: Description, run: Run) -> None:
     run.texts.append(out.text)
@@ -281,7 +305,8 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               max_new_tokens: int = 64, batch_size: int = 8, settings: dict[str, Any] | None = None,
               quality_points: float = 1.0,
               fluent_points: float = 3.0, progress: Progress | None = None, gate: bool = True,
-              max_swaps: int = MAX_SWAPS, margin: float = 1.0) -> Calibration:
+              max_swaps: int = MAX_SWAPS, margin: float = 1.0,
+              on_skip: Callable[[Skipped], None] | None = None) -> Calibration:
     """Run cloud-only, edge-only and the threshold x k sweep over the clips, pick the presets on the
     calibration half and score them on the check half (see the module doc). `settings`: explicit
     decoding settings every run shares (sampling, the prompt). A clip that fails stops the
@@ -292,15 +317,20 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     describe, sweep k x gate_upload x gate_verify (gate_fit.sweep) and choose `frugal`, the cheapest
     meaning setting by cloud work per clip within `fluent_points` (calibration_objective.choose),
     keeping `margin` standard errors of the calibration half's quality gap (its z; 0: the plain
-    rule)."""
+    rule). A clip that cannot be read (what only decoding finds) is left out before the halves are
+    drawn, told to `on_skip` (inputs.read_all)."""
     from .describe import describe_many
     from .evaluate import warm_up
 
+    kept, audios, _ = read_all(list(range(len(paths))), lambda i: pair.read(paths[i])[1], lambda i: paths[i],
+                               on_skip)
+    names, paths = [names[i] for i in kept], [paths[i] for i in kept]
+    labels = None if labels is None else [labels[i] for i in kept]
     if len(paths) < 2:
-        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has {len(paths)}")
+        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has "
+                         f"{len(paths)} readable")
     calib = list(range(0, len(paths), 2))
     check = list(range(1, len(paths), 2))
-    audios = [pair.read(p)[1] for p in paths]
     warm_up(pair.describer, audios[0])
 
     base = DecodingConfig(max_new_tokens=max_new_tokens, uncertainty=uncertainty).with_(**(settings or {}))  # type: ignore[arg-type]

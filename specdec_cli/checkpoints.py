@@ -75,6 +75,58 @@ def check_model(ref: str, role: str = "model") -> None:
     if not _HUB_ID.fullmatch(ref) or ref.startswith((".", "~")):
         raise ModelError(f"no such {role} folder: {ref}; check the path (or give a Hub id such as "
                          "Qwen/Qwen2.5-Omni-3B)")
+    _check_hub_reachable(ref, role)
+
+
+# How long the Hub may take to accept a connection before a Hub id is refused: without this check,
+# from_pretrained retries for most of a minute and prints each retry.
+HUB_CONNECT_S = 1.5
+
+
+def _check_hub_reachable(ref: str, role: str) -> None:
+    """A Hub id that is not in the local cache needs the Hub: refused at once, in one line, when
+    HF_HUB_OFFLINE is set or the Hub does not accept a connection within HUB_CONNECT_S."""
+    from huggingface_hub import constants  # the constants alone: the download API pulls in httpx (0.3 s)
+
+    # Downloaded before: from_pretrained reads the cache (online or not). The cache's documented layout
+    # (models--OWNER--NAME/snapshots/REV/) read directly, for the reason above (try_to_load_from_cache
+    # answers the same, at the cost of that import).
+    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{ref.replace('/', '--')}" / "snapshots"
+    if any(snapshots.glob("*/config.json")):
+        return
+    fix = f"give a local folder holding the checkpoint (e.g. after `hf download {ref}` on a machine with network)"
+    if constants.HF_HUB_OFFLINE:
+        raise ModelError(f"the {role} {ref} is a Hub id that is not in the local cache, and HF_HUB_OFFLINE is set; "
+                         f"unset it to download, or {fix}")
+    if not _reachable(constants.ENDPOINT, HUB_CONNECT_S):
+        raise ModelError(f"the {role} {ref} is a Hub id, and the Hub ({constants.ENDPOINT}) cannot be reached; "
+                         f"it needs the network, or {fix}")
+
+
+def _reachable(url: str, timeout: float) -> bool:
+    """Whether `url`'s host accepts a TCP connection within `timeout` seconds, name lookup included
+    (getaddrinfo takes no timeout, so the attempt runs in a daemon thread that is left behind)."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname is None:
+        return True  # not ours to judge: from_pretrained says what is wrong with it
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    result: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            with socket.create_connection((parts.hostname, port), timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=attempt, daemon=True, name="specdec-hub-check")
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
 
 
 def load_model(path_or_id: str, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:

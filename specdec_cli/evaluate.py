@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .decoding.config import DecodingConfig
 from .describe import Describer, describe_many
-from .errors import InputError, one_line
+from .errors import InputError, SpecdecError, one_line
+from .inputs import Skipped, read_all
 from .metrics import immediate_repeats
 from .phrases import ATTRIBUTES, agreement, predict
 from .presets import PresetFiles, load_presets, resolve
@@ -73,18 +74,23 @@ class LabelledClip:
     labels: dict[str, str] | None  # attribute -> canonical phrase, all six; None: not labelled
 
 
-def unlabelled_clips(directory: Path) -> list[LabelledClip]:
+def unlabelled_clips(directory: Path) -> tuple[list[LabelledClip], list[Skipped]]:
     """Every audio file of `directory` (as `batch` finds them), without labels: eval then scores
-    agreement with cloud-only instead of accuracy."""
+    agreement with cloud-only instead of accuracy; and the entries the walk skipped (a FIFO, a
+    dangling link, ...) with the reason."""
     from .results import find_audio
 
-    return [LabelledClip(str(p.relative_to(directory)), p, None) for p in find_audio(directory).files]
+    found = find_audio(directory)
+    return ([LabelledClip(str(p.relative_to(directory)), p, None) for p in found.files],
+            [Skipped(p, why) for p, why in found.skipped])
 
 
 def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
     """Parse labels.jsonl (`{"file": ..., "labels": {attr: phrase}}` per line). Every line must name
     an existing clip and label all six attributes with canonical phrases: a half-labelled set would
-    make per-attribute accuracies incomparable, so it is refused up front, before models load."""
+    make per-attribute accuracies incomparable, so it is refused up front, before models load. A
+    clip that is missing or unreadable is not the labels' fault: it is kept here and skipped, with
+    the others of its kind, by the input policy (inputs.check_clips)."""
     if not labels_path.is_file():
         raise InputError(f"labels file not found: {labels_path}")
     if not directory.is_dir():
@@ -107,8 +113,6 @@ def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
             if labels[attr] not in phrases:
                 raise InputError(f"{where}: {attr} label {labels[attr]!r} is not one of {' · '.join(phrases)}")
         path = directory / entry["file"]
-        if not path.is_file():
-            raise InputError(f"{where}: clip not found: {path}")
         clips.append(LabelledClip(entry["file"], path, {a: labels[a] for a in ATTRIBUTES}))
     if not clips:
         raise InputError(f"{labels_path} lists no clips")
@@ -241,15 +245,19 @@ def warm_up(describer: Describer, audio: np.ndarray) -> None:
 
 def run_eval(pair: Pair, clips: Sequence[LabelledClip], modes: Sequence[EvalMode],
              rtt_ms: float = 0.0, on_record: Callable[[dict[str, Any]], None] | None = None,
-             batch_size: int = 1) -> list[dict[str, Any]]:
+             batch_size: int = 1, on_skip: Callable[[Skipped], None] | None = None) -> list[dict[str, Any]]:
     """Every mode on every clip, one record each, in clip order per mode. Clips are read (and
     validated, as `describe` does) once, before any decoding; modes run one after another over all
     clips so each mode's latencies are taken under the same conditions. `batch_size` > 1: the
     speculative modes decode that many clips at a time (describe.describe_many: the same tokens; a
     clip's latency then includes its batch-mates' share of each forward, so speedups are not
     per-clip latencies). A clip that fails in one mode gets a failed record (scored as all wrong)
-    rather than aborting an evaluation that may have run for an hour. `on_record` as each ends."""
-    audios = [pair.read(c.path)[1] for c in clips]
+    rather than aborting an evaluation that may have run for an hour. `on_record` as each ends. A
+    clip that cannot be read (what only decoding finds: a damaged body, silence, over the window) is
+    left out of every mode, told to `on_skip` (inputs.read_all); none left: SpecdecError."""
+    clips, audios, skipped = read_all(clips, lambda c: pair.read(c.path)[1], lambda c: c.path, on_skip)
+    if not clips:
+        raise SpecdecError(f"none of the {len(skipped)} clips could be read (each said why above)")
     warm_up(pair.describer, audios[0])
     records: list[dict[str, Any]] = []
     for mode in modes:

@@ -315,12 +315,10 @@ def _fail(exc: Exception) -> np.ndarray:
 
 def _file_rate(path: Path, data: bytes | None) -> int | None:
     """The rate a readable clip's header states (read again: load_audio keeps it to itself)."""
-    import io
-
-    import soundfile as sf
+    from .audio import header_rate
 
     try:
-        return int(sf.info(io.BytesIO(data) if data is not None else str(path)).samplerate)
+        return header_rate(path, data)
     except Exception:  # it was just read; whatever this is, the warning is not worth an error
         return None
 

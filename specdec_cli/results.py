@@ -37,6 +37,7 @@ two kinds are never mixed in one file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import InputError, one_line
+from .errors import InputError, one_line, printable
 from .records import RECORD_FIELDS
 from .settings import RunSettings, differences
 from .strict_json import dumps_record
@@ -55,21 +56,29 @@ from .writer_lock import LockHeld, WriterLock
 @dataclass
 class Found:
     """What a folder holds for a batch: the audio files (sorted, for a stable order), the files
-    that are not audio, and the dotfiles left out."""
+    that are not audio, the dotfiles left out, and every other entry that was skipped with the
+    reason (a FIFO, a device, a symlink loop, a dangling link, a folder that cannot be read)."""
 
     files: list[Path]
     ignored: list[Path] = field(default_factory=list)
     hidden: int = 0
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
 
     def ignored_line(self) -> str:
-        """One line saying what was left out and why."""
+        """One line saying what was left out and why (names printable: no escape reaches a terminal)."""
         parts = []
         if self.ignored:
-            names = ", ".join(p.name for p in self.ignored[:3]) + (", …" if len(self.ignored) > 3 else "")
-            parts.append(f"{len(self.ignored)} files that are not audio ({names})")
+            names = ", ".join(printable(p.name) for p in self.ignored[:3]) + (", …" if len(self.ignored) > 3 else "")
+            n = len(self.ignored)
+            parts.append(f"{n} file{'' if n == 1 else 's'} that {'is' if n == 1 else 'are'} not audio ({names})")
         if self.hidden:
-            parts.append(f"{self.hidden} dotfiles (add --hidden to include them)")
+            parts.append(f"{self.hidden} dotfile{'' if self.hidden == 1 else 's'} (add --hidden to include "
+                         f"{'it' if self.hidden == 1 else 'them'})")
         return "ignored " + " and ".join(parts)
+
+    def skipped_lines(self) -> list[str]:
+        """One line per entry that is neither a file nor a folder specdec can read, with the reason."""
+        return [f"skipped: {printable(str(path))}: {why}" for path, why in self.skipped]
 
 
 # Names that say "audio": such a file is a clip even when it cannot be read (it is then described
@@ -89,10 +98,51 @@ def is_audio(path: Path) -> bool:
     return True
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why an entry of the folder is skipped (None: a regular file, or a folder, taken as before):
+    a FIFO would block the decoder, a device (/dev/zero behind a link) never ends, and a link that
+    leads nowhere names no clip. Said, never dropped unseen."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        if path.is_symlink() and isinstance(exc, FileNotFoundError):
+            return f"a dangling symlink (to {printable(os.readlink(path))})"
+        return f"cannot read it: {exc.strerror or exc}"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe), not a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a file"
+    return "not a regular file"
+
+
+def _entries(root: Path, recursive: bool, skipped: list[tuple[Path, str]]) -> Iterator[Path]:
+    """Every entry under `root` but the folders (one level, or every level), each folder that cannot
+    be read added to `skipped` (os.walk's onerror: rglob would pass over it without a word)."""
+    def unreadable(exc: OSError) -> None:
+        where = Path(exc.filename) if exc.filename else root
+        skipped.append((where, f"cannot read this folder: {exc.strerror or exc}"))
+
+    for folder, dirs, names in os.walk(root, onerror=unreadable):
+        base = Path(folder)
+        for name in names:
+            yield base / name
+        if not recursive:
+            return
+        for name in dirs:  # a link to a folder is not followed (os.walk's default), as rglob did not
+            if (base / name).is_symlink():
+                yield base / name
+
+
 def find_audio(root: Path, recursive: bool = False, hidden: bool = False) -> Found:
     """Every file under `root` that is audio: one the audio library reads (probed by its header,
     whatever its name), or one named as audio (a broken one is then recorded as failed, not
-    skipped unseen). Dotfiles and dot-folders are left out unless `hidden`."""
+    skipped unseen). Dotfiles and dot-folders are left out unless `hidden`; every other entry that
+    is not a file (FIFO, device, symlink loop, dangling link, unreadable folder) is named in
+    `skipped` with the reason."""
     try:
         found = root.stat()
     except (FileNotFoundError, NotADirectoryError):
@@ -101,19 +151,24 @@ def find_audio(root: Path, recursive: bool = False, hidden: bool = False) -> Fou
         raise InputError(f"cannot read {root}: {exc.strerror or exc}") from exc
     if not stat.S_ISDIR(found.st_mode):
         raise InputError(f"{root} is a file; `specdec batch` takes a folder (use `specdec describe {root}`)")
-    walk = root.rglob("*") if recursive else root.iterdir()
     result = Found([])
-    for path in sorted(p for p in walk if p.is_file()):
+    for path in sorted(_entries(root, recursive, result.skipped)):
         if not hidden and any(part.startswith(".") for part in path.relative_to(root).parts):
             result.hidden += 1
+        elif (why := _not_a_file(path)) is not None:
+            result.skipped.append((path, why))
+        elif not path.is_file():
+            continue  # a link to a folder
         elif path.suffix.lower() in AUDIO_NAMES or is_audio(path):
             result.files.append(path)
         else:
             result.ignored.append(path)
+    result.skipped.sort()
     if not result.files:
         hint = "" if recursive else " (add --recursive to look in subfolders)"
         more = f"; {result.ignored_line()}" if result.ignored or result.hidden else ""
-        raise InputError(f"no audio files in {root}{hint}{more}")
+        gone = f"; skipped {len(result.skipped)} other entries" if result.skipped else ""
+        raise InputError(f"no audio files in {root}{hint}{more}{gone}")
     return result
 
 

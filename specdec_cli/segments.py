@@ -53,6 +53,14 @@ HOP_S = 0.01
 FRAME_HOPS = 4
 
 
+def _seconds(frame: int, rate: int) -> float:
+    """A cut's time: its 10 ms grid time when the cut is the grid's frame there (every cut but a
+    recording's end; at 22.05 kHz 20.95 s is frame 461948, not 20.952380952 s), else frame / rate.
+    Either way round(seconds x rate) is the frame."""
+    grid = round(frame / rate, 2)
+    return grid if round(grid * rate) == frame else frame / rate
+
+
 @dataclass(frozen=True)
 class Segment:
     """One segment of a recording: the `index`-th of `count`, frames [start, end) at the file's
@@ -66,11 +74,11 @@ class Segment:
 
     @property
     def start_s(self) -> float:
-        return self.start / self.rate
+        return _seconds(self.start, self.rate)
 
     @property
     def end_s(self) -> float:
-        return self.end / self.rate
+        return _seconds(self.end, self.rate)
 
     def fields(self) -> dict[str, int | float]:
         """What a record says about its segment (records.py)."""
@@ -120,7 +128,7 @@ def plan(blocks: Iterable[np.ndarray], rate: int, window_s: float, min_s: float 
         else:
             # Not the end: at least `least` follows anyway; at the end, leave `least` for the last.
             last = min(window, count - least) if ended else window
-            cut = _cut(rest[:window], rate, least, last, hop)
+            cut = _cut(rest[:window], rate, least, last, hop, start)
         if cut == 0:
             break
         if cut < least:  # only a whole recording shorter than a clip
@@ -140,8 +148,8 @@ def plan(blocks: Iterable[np.ndarray], rate: int, window_s: float, min_s: float 
     return spans
 
 
-def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int) -> int:
-    """Where to cut `region` (the window from the current start), in [lo, hi]."""
+def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int, offset: int = 0) -> int:
+    """Where to cut `region` (the window from the current start, frame `offset` of the file), in [lo, hi]."""
     import librosa
     import numpy as np
 
@@ -154,7 +162,7 @@ def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int) -> int:
     long_enough = [p for p in in_range if p[0] >= MIN_PAUSE_S * rate]
     for pool in ([p for p in long_enough if p[1] >= half], long_enough, in_range):
         if pool:
-            return _on_grid(max(pool)[1], lo, hi, hop)  # the longest pause; of equals, the later
+            return _on_grid(max(pool)[1], lo, hi, rate, offset)  # the longest pause; of equals, the later
     # Unbroken sound: the quietest 10 ms of the second half (of equals, the later).
     rms = librosa.feature.rms(y=region, frame_length=frame, hop_length=hop)[0]
     frames = np.arange(len(rms))
@@ -163,12 +171,20 @@ def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int) -> int:
     if not len(candidates):
         return hi
     best = candidates[np.lexsort((-candidates, rms[candidates]))[0]]
-    return _on_grid(int(best) * hop, lo, hi, hop)
+    return _on_grid(int(best) * hop, lo, hi, rate, offset)
 
 
-def _on_grid(cut: int, lo: int, hi: int, hop: int) -> int:
-    snapped = round(cut / hop) * hop
-    return min(max(snapped, lo), hi)
+def _on_grid(cut: int, lo: int, hi: int, rate: int, offset: int) -> int:
+    """`cut` (frames after `offset`) moved to the file's nearest 10 ms grid point within [lo, hi]:
+    the grid of the file, not of the window, so every cut's time is a whole number of hundredths
+    whatever the rate (a hop of round(0.01 x rate) frames drifts off it at 22.05 kHz)."""
+    per_s = round(1 / HOP_S)  # grid points per second (100), in integers: no float drift
+    step = round((offset + cut) * per_s / rate)
+    for n in sorted(range(step - 2, step + 3), key=lambda m: abs(m - step)):
+        snapped = round(n * rate / per_s) - offset
+        if lo <= snapped <= hi:
+            return snapped
+    return min(max(cut, lo), hi)
 
 
 # -- a recording, planned and read ------------------------------------------------------------------

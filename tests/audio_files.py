@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 
 
@@ -56,4 +57,22 @@ def vbr_mp3_without_xing(path: Path, seconds_loud: float, seconds_quiet: float, 
     first = mp3_frame_length(data[:4])
     assert b"Xing" in data[:first] or b"Info" in data[:first], "libsndfile wrote no Xing frame to remove"
     path.write_bytes(data[first:])
+    return path
+
+
+def write_m4a(path: Path, samples: np.ndarray, sr: int = 16000) -> Path:
+    """`samples` (mono float32) as an AAC track in an MP4 container (.m4a, what phones record),
+    encoded by PyAV's bundled ffmpeg; the test skips where PyAV is missing."""
+    av = pytest.importorskip("av")
+    x = np.ascontiguousarray(samples, dtype=np.float32)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=sr)
+        stream.layout = "mono"
+        for i in range(0, len(x), 1024):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i:i + 1024]), format="flt", layout="mono")
+            frame.rate = sr
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
     return path

@@ -5,6 +5,8 @@ hand-computed mean, and the length check after decoding for headers that do not 
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -28,7 +30,9 @@ def refused(path, max_seconds: float = MAX_S) -> str:
 @pytest.fixture
 def hint() -> str:
     """The formats hint for this libsndfile, spelled out by hand."""
-    return "WAV, FLAC, OGG or MP3" if "MP3" in sf.available_formats() else "WAV, FLAC or OGG"
+    names = ["WAV", "FLAC", "OGG", *(["MP3"] if "MP3" in sf.available_formats() else []),
+             *(["M4A"] if importlib.util.find_spec("av") else [])]  # M4A: PyAV's ffmpeg
+    return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def test_each_refusal_word_for_word(tmp_path, hint):
@@ -54,8 +58,8 @@ def test_each_refusal_word_for_word(tmp_path, hint):
     sf.write(str(tmp_path / "nan.wav"), nan, SR, subtype="FLOAT")
     assert refused(tmp_path / "nan.wav") == f"{tmp_path / 'nan.wav'} contains NaN or infinite samples; re-export the audio"
     assert refused(tmp_path / "nope.wav") == f"no such file: {tmp_path / 'nope.wav'}; check the path"
-    assert refused(tmp_path) == (f"{tmp_path} is a directory; give one audio file (use `specdec batch {tmp_path}` "
-                                 "for a folder)")
+    assert refused(tmp_path) == (f"{tmp_path} is a directory; give one audio file (use `specdec batch {tmp_path} --out "
+                                 "results.jsonl` for a folder)")
 
 
 @pytest.mark.parametrize(("suffixes", "expected"), [
@@ -65,7 +69,10 @@ def test_each_refusal_word_for_word(tmp_path, hint):
 ])
 def test_formats_hint_lists_what_libsndfile_decodes(monkeypatch, suffixes, expected):
     monkeypatch.setattr(audio, "audio_suffixes", lambda: suffixes)
+    monkeypatch.setattr(audio, "_has_av", lambda: False)
     assert audio._formats_hint() == expected
+    monkeypatch.setattr(audio, "_has_av", lambda: True)
+    assert audio._formats_hint() == (expected.replace(" or ", ", ") + " or M4A")
 
 
 @pytest.mark.parametrize(("exc", "expected"), [

@@ -79,8 +79,8 @@ def test_find_audio_takes_what_the_audio_library_reads_whatever_its_name(tmp_pat
     found = find_audio(tmp_path)
     assert [p.name for p in found.files] == ["a.FLAC", "b.wav", "c.opus.ogg", "e.opus", "noext", "notes.wav"]
     assert [p.name for p in found.ignored] == ["data.bin", "readme.txt"] and found.hidden == 1
-    assert found.ignored_line() == ("ignored 2 files that are not audio (data.bin, readme.txt) and 1 dotfiles "
-                                    "(add --hidden to include them)")
+    assert found.ignored_line() == ("ignored 2 files that are not audio (data.bin, readme.txt) and 1 dotfile "
+                                    "(add --hidden to include it)")
     deep = find_audio(tmp_path, recursive=True)
     assert [p.name for p in deep.files] == ["a.FLAC", "b.wav", "c.opus.ogg", "e.opus", "noext", "notes.wav", "d.wav"]
     assert deep.hidden == 2

@@ -69,11 +69,16 @@ def test_presets_shows_the_model_folder_override(tmp_path):
 # -- describe -----------------------------------------------------------------------------------
 
 def test_describe_prints_the_sentence_and_a_summary(clip_path, models):
-    result = invoke("describe", str(clip_path), *models, *DESCRIBE)
+    """Off a terminal (CliRunner) the panel comes only when asked; --quiet prints the sentence alone."""
+    result = invoke("describe", str(clip_path), *models, *DESCRIBE, "--panel")
     assert result.exit_code == 0, result.output
     sentence = result.stdout.rstrip("\n")
     assert sentence and "Traceback" not in result.output
     assert "cloud calls" in result.stderr and "description" in result.stderr  # the summary panel
+    plain = invoke("describe", str(clip_path), *models, *DESCRIBE)
+    assert plain.stdout == result.stdout and "cloud calls" not in plain.stderr
+    quiet = invoke("describe", str(clip_path), *models, *DESCRIBE, "--quiet", "--trace", "--panel")
+    assert quiet.stdout == result.stdout and quiet.stderr == ""
 
 
 def test_describe_json_is_one_record_on_stdout(clip_path, models):
@@ -220,7 +225,10 @@ def test_keyboard_interrupt_exits_130(clip_path, models, monkeypatch):
 
     monkeypatch.setattr(Describer, "run", interrupt)
     result = invoke("describe", str(clip_path), *models, *DESCRIBE)
-    assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
+    # Issue 36: Ctrl-C says what was done and what was not.
+    assert result.exit_code == 130 and result.stderr.strip() == (
+        f"interrupted: 0 clips described and 0 failed before Ctrl-C (their lines are above); 1 of 1 clips not "
+        f"finished, from {clip_path}")
 
 
 # -- the installed command, in a real process ---------------------------------------------------

@@ -72,7 +72,7 @@ def test_batch_out_dash_writes_records_to_stdout(tmp_path):
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(records) == 9 and all(r["error"] is None for r in records)
     assert not (tmp_path / "-").exists()
-    assert "ignored 1 files that are not audio (labels.jsonl)" in done.stderr
+    assert "ignored 1 file that is not audio (labels.jsonl)" in done.stderr
 
 
 def test_progress_lines_off_a_terminal_at_a_bounded_rate(tmp_path):

@@ -200,7 +200,6 @@ def test_read_labels_errors(tmp_path):
     good = {"file": "a.wav", "labels": LABELS}
     cases = {
         "not json": "{oops",
-        "no clip": json.dumps({**good, "file": "missing.wav"}),
         "no label": json.dumps({"file": "a.wav", "labels": {k: v for k, v in LABELS.items() if k != "pauses"}}),
         "not canonical": json.dumps({"file": "a.wav", "labels": {**LABELS, "gender": "男的"}}),
     }
@@ -213,6 +212,15 @@ def test_read_labels_errors(tmp_path):
     assert only.labels == LABELS and only.path == tmp_path / "a.wav"
     with pytest.raises(InputError, match="not found"):
         read_labels(tmp_path / "nope.jsonl", tmp_path)
+    # A missing clip is not the labels' fault: it is kept, then skipped with its reason by the input
+    # policy (inputs.check_clips) along with every other unreadable clip, before the models load.
+    (tmp_path / "labels.jsonl").write_text(json.dumps({**good, "file": "missing.wav"}) + "\n" + json.dumps(good) + "\n",
+                                           encoding="utf-8")
+    from specdec_cli.inputs import check_clips
+
+    checked = check_clips(read_labels(tmp_path / "labels.jsonl", tmp_path), lambda c: c.path)
+    assert [c.file for c in checked.clips] == ["a.wav"]
+    assert [s.line() for s in checked.skipped] == [f"skipped: no such file: {tmp_path / 'missing.wav'}; check the path"]
 
 
 def test_a_failing_clip_becomes_an_error_record():

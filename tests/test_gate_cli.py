@@ -189,7 +189,7 @@ def test_eval_runs_any_preset_by_name_and_batch_counts_the_clips_that_stayed(tmp
     done = run_specdec("batch", str(clips), "--out", str(tmp_path / "r.jsonl"), "--verify", "meaning",
                        "--gate-upload", "inf", "--gate-verify", "inf")
     assert done.returncode == 0, done.stderr
-    assert "no cloud: 2 of 2 clips never reached the cloud (100%)" in done.stderr
+    assert "cloud-free: 2 of 2 clips (100%) never reached the cloud" in done.stderr
 
 
 def test_the_gate_runs_on_the_edge_with_a_remote_cloud(pair):

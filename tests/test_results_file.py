@@ -200,10 +200,10 @@ def test_folder_refusals_word_for_word(tmp_path):
     with pytest.raises(InputError) as info:
         find_audio(tmp_path)
     assert info.value.message == (f"no audio files in {tmp_path} (add --recursive to look in subfolders); "
-                                  "ignored 1 files that are not audio (notes.txt)")
+                                  "ignored 1 file that is not audio (notes.txt)")
     with pytest.raises(InputError) as info:
         find_audio(tmp_path, recursive=True)
-    assert info.value.message == f"no audio files in {tmp_path}; ignored 1 files that are not audio (notes.txt)"
+    assert info.value.message == f"no audio files in {tmp_path}; ignored 1 file that is not audio (notes.txt)"
     long = tmp_path / ("d" * 300)
     with pytest.raises(InputError) as info:
         find_audio(long)

@@ -243,9 +243,23 @@ def test_describe_trace_on_stderr_json_alone_on_stdout(tmp_path, models):
     assert rows and sum("→ cloud" in r for r in rows) == record["escalations"]
     assert all(len(r) > 0 and "…" not in r for r in rows)  # whole lines, never cut
     assert "cloud calls" not in result.stderr  # --json: no summary panel (issue 29), the trace only as asked
-    with_panel = CliRunner().invoke(app, [a for a in args if a != "--json"] + ["--trace"])
+    with_panel = CliRunner().invoke(app, [a for a in args if a != "--json"] + ["--trace", "--panel"])
     assert with_panel.exit_code == 0, with_panel.stderr
     assert with_panel.stderr.index("trace ·") < with_panel.stderr.index("cloud calls")  # above the summary
     # Not a terminal and no --trace: no trace (a log keeps the summary only)
     plain_run = CliRunner().invoke(app, args)
     assert plain_run.exit_code == 0 and "trace ·" not in plain_run.stderr
+
+
+def test_special_tokens_in_the_trace_are_readable_marks():
+    """Issue 36: the trace never shows a raw <|im_end|>; a control character in a token is escaped."""
+    class Tok:
+        all_special_ids = [7]
+
+        def get_added_vocab(self):
+            return {"<|im_end|>": 7, "<|audio_bos|>": 8}
+
+        def decode(self, ids, skip_special_tokens=False):
+            return {7: "<|im_end|>", 8: "<|audio_bos|>", 9: "a\x1bb", 10: "<|not special|>"}[ids[0]]
+
+    assert [ui.token_text(Tok(), i) for i in (7, 8, 9, 10)] == ["⟨end⟩", "⟨audio_bos⟩", "a\\x1bb", "<|not␣special|>"]

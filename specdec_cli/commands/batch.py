@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import InputError, SpecdecError
+from ..errors import InputError, SpecdecError, printable
 from . import ui
 from .app import Interrupted
 from .describe import load, spec_of
@@ -112,6 +112,8 @@ def batch(
         run = run.segmented()  # the results file says it holds segments: never mixed with whole clips
     if found.ignored or found.hidden:  # said once every check passed: a refusal stays one line
         err.print(found.ignored_line(), markup=False, style="dim", soft_wrap=True)
+    for line in found.skipped_lines():  # a FIFO, a device, a loop, a dangling link, an unreadable folder
+        err.print(line, markup=False, style="yellow", soft_wrap=True)
     results = StreamResults(sys.stdout) if to_stdout else ResultsFile(out, run.run, overwrite, retry_fallback)
     with results:
         if results.backup is not None:
@@ -126,13 +128,17 @@ def batch(
     if summary.fallback.fell_back:
         hint = "; rerun with --retry-fallback to describe them with the cloud" if not to_stdout else ""
         err.print(summary.fallback.line(hint), markup=False, style="yellow", soft_wrap=True)
+    others = f"; {len(found.skipped)} other entries skipped (named above)" if found.skipped else ""
     if summary.failed:
         rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
             "; their records say why"
         if segment:
             raise SpecdecError(f"{summary.failed} of {summary.ok + summary.failed} records (segments, or recordings "
-                               f"that could not be cut) failed{rerun}")
-        raise SpecdecError(f"{summary.failed} of {len(files)} files failed{rerun}")
+                               f"that could not be cut) failed{rerun}{others}")
+        raise SpecdecError(f"{summary.failed} of {len(files)} files failed{rerun}{others}")
+    if found.skipped:  # every clip went well, but not every entry was one: exit 1, as anywhere a file is skipped
+        raise SpecdecError(f"{len(found.skipped)} entries of {directory} were skipped (named above); the "
+                           f"{len(files)} audio files went well")
 
 
 class _Summary:
@@ -169,8 +175,9 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
             where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
             if failed:
                 summary.failed += 1
-                progress.console.print(f"failed: {path}{where}: {record['error']}", markup=False, style="yellow",
-                                       soft_wrap=True)  # one line per file, even in a log
+                # one line per file, even in a log; the name printable (a newline or ESC in a file name)
+                progress.console.print(f"failed: {printable(str(path))}{where}: {printable(record['error'])}",
+                                       markup=False, style="yellow", soft_wrap=True)
             else:
                 summary.ok += 1
             if record.get("segment") is not None:

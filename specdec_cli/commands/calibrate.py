@@ -16,7 +16,9 @@ from rich.table import Table
 
 from .. import calibrate as calibration
 from ..errors import InputError
+from ..inputs import Skipped, some_failed
 from . import ui
+from .app import Interrupted
 from .describe import load, spec_of
 from .options import GENERATION, MODELS, Models, with_options
 
@@ -90,22 +92,36 @@ def calibrate(
         raise InputError(f"{out} exists; add --overwrite to replace it, or give another --out")
     base = explicit(**generation)
     max_new_tokens = base.pop("max_new_tokens", 64)
-    names, paths, clip_labels = calibration.clips_for(directory, labels)
-    names, paths = names[:limit], paths[:limit]
-    if clip_labels is not None:
-        clip_labels = clip_labels[:limit]
+    # The input policy (inputs.py): every clip checked before the models load, each bad one named
+    # with its reason and left out; the run goes on with the others and ends with exit 1.
+    names, paths, clip_labels, skipped = calibration.clips_for(directory, labels, limit)
+    for skip in skipped:
+        err.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
     if len(paths) < 2:
-        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has {len(paths)}")
-    pair = load(spec_of(models, None), err)
+        raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has "
+                         f"{len(paths)} readable" + (f" ({len(skipped)} skipped, named above)" if skipped else ""))
+    try:
+        pair = load(spec_of(models, None), err)
+    except KeyboardInterrupt:
+        raise Interrupted(f"while the models loaded: nothing was calibrated and {out} was not written") from None
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
-    with progress:
-        found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
-                                      percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
-                                      batch_size=batch_size, settings=base, quality_points=quality_points,
-                                      fluent_points=fluent_points, progress=_Bar(progress), gate=gate,
-                                      margin=margin)
+
+    def on_skip(skip: Skipped) -> None:
+        skipped.append(skip)
+        progress.console.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
+
+    try:
+        with progress:
+            found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
+                                          percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size, settings=base, quality_points=quality_points,
+                                          fluent_points=fluent_points, progress=_Bar(progress), gate=gate,
+                                          margin=margin, on_skip=on_skip)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{out} was not written: the presets are chosen once every setting has run on every "
+                          "clip; --limit N, --no-gate or fewer --ks/--percentiles make a shorter run") from None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(found.toml, encoding="utf-8")
@@ -131,6 +147,12 @@ def calibrate(
         else:
             stdout.print(f"{g.name}: no meaning-gate setting within {g.points:g} points; not written", markup=False)
     stdout.print(f"presets: {out} · use with --presets {out}", markup=False, soft_wrap=True)
+    err.print(f"calibrate: chose on {found.n_calib} clips, checked on {found.n_check}"
+              + (f"; {len(skipped)} skipped (named above)" if skipped else ""), markup=False, soft_wrap=True)
+    for line in found.warnings():
+        err.print(f"warning: {line}", markup=False, style="bold yellow", soft_wrap=True)
+    if skipped:  # the same end as every multi-clip command: exit 1, after the output for the others
+        raise some_failed(len(skipped), found.n_calib + found.n_check + len(skipped))
 
 
 def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],

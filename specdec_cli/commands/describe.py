@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..audio import check_path
-from ..errors import InputError, SpecdecError, one_line
+from ..errors import InputError, one_line
+from ..inputs import check_clips, some_failed
 from ..segments import Piece
 from ..strict_json import dumps_record
 from . import ui
+from .app import Interrupted
 from .options import (
     DECODING,
     DESCRIBE_DEADLINE_S,
@@ -79,6 +81,11 @@ def describe(
     trace: Annotated[bool | None, typer.Option(
         "--trace/--no-trace", help="Keep the decoding trace (one line per block) on stderr when decoding ends. "
         "Default: on a terminal, without --json.", show_default=False)] = None,
+    panel: Annotated[bool | None, typer.Option(
+        "--panel/--no-panel", help="Print each clip's summary box on stderr. Default: on a terminal, without --json "
+        "(a log or a pipe gets the sentences alone).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the sentences (and errors): no live view, "
+                                        "trace or panel.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
                                               "to this PNG (one clip). Needs matplotlib.", show_default=False)] = None,
     segment: SegmentOpt = False,
@@ -93,26 +100,39 @@ def describe(
     and the segment's start and end (seconds)."""
     from ..settings import explicit
 
-    for clip in clips:
-        check_path(Path(clip))
+    alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
+    err = ui.console()
+    if len(clips) == 1:  # one file: its problem is the command's error, as it always was
+        check_path(Path(clips[0]))
+        bad: dict[str, str] = {}
+    else:  # many: every file checked before the models load, every problem listed at once (inputs.py)
+        checked = check_clips(clips, lambda c: Path(c))
+        for skip in checked.skipped:
+            err.print(f"error: {skip.line().removeprefix('skipped: ')} (skipped)", markup=False, soft_wrap=True)
+        if not checked.clips:
+            raise InputError(f"none of the {len(clips)} clips can be read (each said why above)")
+        bad = {str(s.path): s.reason for s in checked.skipped}
     if plot is not None and len(clips) > 1:
         raise InputError("--plot draws one clip's trace; give one clip")
     if plot is not None and segment:
         raise InputError("--plot draws one clip's trace; it does not go with --segment")
     overrides = explicit(**decoding.given)
     plot_trace = plot_trace_fn() if plot is not None else None
-    err = ui.console()
     spec = spec_of(models, decoding.presets_file, on_cloud_failure.value,
                    cloud_deadline(deadline_s, on_cloud_failure, DESCRIBE_DEADLINE_S))
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
-    pair = load(spec, err)
+    try:
+        pair = load(spec, err)
+    except KeyboardInterrupt:
+        raise Interrupted(f"while the models loaded: none of the {len(clips)} clips was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
-    views = not json_out  # --json: data only; nothing drawn
-    show_trace = (err.is_terminal and views) if trace is None else trace
-    alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
-    failed = described = 0
+    views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
+    show_trace = (err.is_terminal and views) if trace is None else trace and not quiet
+    # The panel is for a person at a terminal: a pipe or a log gets it only when asked (--panel).
+    show_panel = (err.is_terminal and views) if panel is None else panel and not quiet
+    failed = described = ok = 0
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
         nonlocal failed
@@ -124,53 +144,66 @@ def describe(
         if json_out:
             _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where)))
 
-    for clip in clips:
-        if segment:
-            try:
-                recording = pair.recording(clip)
-            except Exception as exc:
-                if len(clips) == 1:
-                    raise  # one recording that cannot be read: the command's error
+    try:
+        for clip in clips:
+            if clip in bad:  # said before loading; counted, and its error record in its place with --json
+                failed += 1
                 described += 1
-                failure(clip, exc)
+                if json_out:
+                    _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip])))
                 continue
-            parts: list[Segment | None] = list(recording.segments)
-        else:
-            parts = [None]
-        for where in parts:
-            described += 1
-            title = f"specdec · {clip}" + (f" · {_span(where)}" if where is not None else "")
-            view = ui.LiveView(err, pair.tokenizer, run.cfg, title=title,
-                               enabled=views and not no_live and err.is_terminal)
-            try:
-                audio = Piece(clip, where, recording.read(where)) if where is not None else clip
-                with view:
-                    result = pair.describe(audio, on_block=view.on_block, resolved=run)
-            except Exception as exc:
-                if alone:
-                    raise
-                failure(clip, exc, where)
-                continue
-            if result.record.get("fallback") is not None:
-                err.print(ui.fallback_note(label_of(clip, where), result.record), markup=False, style="yellow",
-                          soft_wrap=True)
-            if show_trace and result.events:
-                ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
-            if views:
-                err.print(ui.summary_panel(result.record))
-            if plot_trace is not None and plot is not None:
-                written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)
-                err.print(f"trace plot: {written}", markup=False)
-            if json_out:
-                _print(dumps_record(result.record))
-            else:  # several clips (or segments): each sentence after its file, as grep names its files
-                text = result.description or ""
-                _print(text if alone else f"{clip}{' ' + _span(where) if where is not None else ''}: {text}")
-        if segment:
-            recording.close()
+            if segment:
+                try:
+                    recording = pair.recording(clip)
+                except Exception as exc:
+                    if len(clips) == 1:
+                        raise  # one recording that cannot be read: the command's error
+                    described += 1
+                    failure(clip, exc)
+                    continue
+                parts: list[Segment | None] = list(recording.segments)
+            else:
+                parts = [None]
+            for where in parts:
+                described += 1
+                title = f"specdec · {clip}" + (f" · {_span(where)}" if where is not None else "")
+                view = ui.LiveView(err, pair.tokenizer, run.cfg, title=title,
+                                   enabled=views and not no_live and err.is_terminal)
+                try:
+                    audio = Piece(clip, where, recording.read(where)) if where is not None else clip
+                    with view:
+                        result = pair.describe(audio, on_block=view.on_block, resolved=run)
+                except Exception as exc:
+                    if alone:
+                        raise
+                    failure(clip, exc, where)
+                    continue
+                if result.record.get("fallback") is not None:
+                    err.print(ui.fallback_note(label_of(clip, where), result.record), markup=False,
+                              style="yellow", soft_wrap=True)
+                if show_trace and result.events:
+                    ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
+                if show_panel:
+                    err.print(ui.summary_panel(result.record))
+                if plot_trace is not None and plot is not None:
+                    written = plot_trace(result.events, run.cfg.threshold, plot, tokenizer=pair.tokenizer)
+                    err.print(f"trace plot: {written}", markup=False)
+                ok += 1
+                if json_out:
+                    _print(dumps_record(result.record))
+                else:  # several clips (or segments): each sentence after its file, as grep names its files
+                    text = result.description or ""
+                    _print(text if alone else f"{clip}{' ' + _span(where) if where is not None else ''}: {text}")
+            if segment:
+                recording.close()
+    except KeyboardInterrupt:
+        # What Ctrl-C leaves: the sentences printed so far are whole; the clip in flight and the rest are not.
+        what = "segments" if segment else "clips"
+        raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
+                          f"{len(clips) - clips.index(clip)} of {len(clips)} clips not finished, from {clip}") from None
     if failed:
         what = "segments or clips" if segment else "clips"
-        raise SpecdecError(f"{failed} of {described} {what} failed (each said why above)")
+        raise some_failed(failed, described, what)
 
 
 def label_of(clip: str, where: Segment | None) -> str:

@@ -21,9 +21,11 @@ from rich.text import Text
 
 from .. import evaluate
 from ..errors import InputError
+from ..inputs import Skipped, check_clips, clips_for_resolution, plural, resolution_points, some_failed
 from ..models import presets_file_for
 from ..presets import check_presets_file, load_presets
 from . import ui
+from .app import Interrupted
 from .describe import load, spec_of
 from .options import EVAL_GENERATION, MODELS, Models, with_options
 
@@ -111,7 +113,8 @@ def evaluate_command(
     labels_path: Path | None = labels if labels is not None else directory / "labels.jsonl"
     if labels is None and not (directory / "labels.jsonl").is_file():
         labels_path = None
-        clips = evaluate.unlabelled_clips(directory)[:limit]
+        clips, skipped = evaluate.unlabelled_clips(directory)
+        clips = clips[:limit]
         if plot is not None:
             raise InputError("--plot draws accuracy against cloud calls, which needs --labels")
         agree = ("quality is agreement with cloud-only's sentence" if "cloud" in mode_names else
@@ -120,14 +123,26 @@ def evaluate_command(
                   markup=False, soft_wrap=True)
     else:
         assert labels_path is not None
-        clips = evaluate.read_labels(labels_path, directory)[:limit]
+        clips, skipped = evaluate.read_labels(labels_path, directory)[:limit], []
+    # The input policy (inputs.py): every clip checked now, before the models load; each bad one
+    # named with its reason, left out and counted; the run goes on with the others and exits 1.
+    checked = check_clips(clips, lambda c: c.path)
+    skipped += checked.skipped
+    clips = checked.clips
+    for skip in skipped:
+        err.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
+    if not clips:
+        raise InputError(f"no clip to evaluate: the {len(skipped)} files named above were skipped")
     if plot is not None:
         from . import plots
 
         plots.require_matplotlib()  # fail now, not after an hour of decoding, if matplotlib is missing
     spec = spec_of(models, presets_file)
     eval_modes = evaluate.mode_configs(mode_names, list(spec.presets_files), max_new_tokens, k, thresholds, base)
-    pair = load(spec, err)
+    try:
+        pair = load(spec, err)
+    except KeyboardInterrupt:
+        raise Interrupted("while the models loaded: nothing was evaluated") from None
 
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeRemainingColumn(), console=err, transient=True)
@@ -140,7 +155,17 @@ def evaluate_command(
                 progress.console.print(Text.assemble(("warning: ", "yellow"),
                                                      f"{record['eval_mode']} {record['file']}: {record['error']}"))
 
-        records = evaluate.run_eval(pair, clips, eval_modes, cloud_rtt_ms, on_record, batch_size)
+        def on_skip(skip: Skipped) -> None:
+            skipped.append(skip)
+            progress.console.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
+
+        try:
+            records = evaluate.run_eval(pair, clips, eval_modes, cloud_rtt_ms, on_record, batch_size, on_skip)
+        except KeyboardInterrupt:
+            done = int(progress.tasks[0].completed)
+            raise Interrupted(f"after {done} of {len(clips) * len(eval_modes)} decodes: no table or report was "
+                              "written (eval scores every mode at the end); --limit N or fewer --modes make a "
+                              "shorter run") from None
 
     settings = {"modes": mode_names, "sweep": sweep, "k": k, "max_new_tokens": max_new_tokens,
                 "cloud_rtt_ms": cloud_rtt_ms, "device": models.device, "dtype": models.dtype,
@@ -149,6 +174,16 @@ def evaluate_command(
                                    samples=str(directory), labels=str(labels_path) if labels_path else None,
                                    settings=settings)
 
+    result["skipped"] = [{"file": str(s.path), "reason": s.reason} for s in skipped]
+    scored = result["clips"]
+    err.print(f"eval: scored {plural(scored, 'clip')}" + (f"; {len(skipped)} skipped (named above)" if skipped else ""),
+              markup=False, soft_wrap=True)
+    if scored < clips_for_resolution(1.0):
+        # Said loudly, not refused: a few clips still answer "does it run, roughly how fast".
+        err.print(f"warning: only {plural(scored, 'clip')}: one attribute changed on one clip moves a mode's "
+                  f"accuracy by {resolution_points(scored):.1f} points, so differences smaller than that are noise; "
+                  f"score at least {clips_for_resolution(1.0)} clips to tell 1 point apart", markup=False,
+                  style="bold yellow", soft_wrap=True)
     out = err if json_out else Console(highlight=False)  # the tables are the output, unless the report is
     for table in _tables(result):
         out.print(table)
@@ -163,3 +198,5 @@ def evaluate_command(
         err.print(f"plot: {plots.plot_frontier(result, plot)}", markup=False)
     if json_out:
         sys.stdout.write(evaluate.report_json(result, indent=None) + "\n")  # one line, for jq and pipes
+    if skipped:  # the same end as every multi-clip command: exit 1, after the output for the others
+        raise some_failed(len(skipped), scored + len(skipped))

@@ -32,6 +32,7 @@ from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
     from ..decoding.loop import BlockEvent
+from ..errors import printable
 from ..presets import EXTRA_KEYS, GATE_KEYS, PRESET_KEYS, Preset
 
 # prompt.INSTRUCTION is the gate's DEFAULT_INSTRUCTION (a test checks); decoding.gate imports numpy,
@@ -68,9 +69,22 @@ def gate_rule(cfg: DecodingConfig, short: bool = False) -> str:
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
-    """One token as the user should see it: specials by name, invisible characters made visible."""
+    """One token as the user should see it: an end-of-turn token as a readable end mark (⟨end⟩), other
+    special tokens by their bare name (⟨audio_bos⟩), invisible characters made visible."""
     text = tokenizer.decode([token_id], skip_special_tokens=False)
-    return text.replace("\n", "⏎").replace(" ", "␣") or "∅"
+    special = text.startswith("<|") and text.endswith("|>") and len(text) > 4
+    if special and token_id in set(getattr(tokenizer, "all_special_ids", ()) or ()) | _added_ids(tokenizer):
+        name = text[2:-2]
+        return "⟨end⟩" if name in ("im_end", "endoftext") else f"⟨{name}⟩"
+    return printable(text).replace("\\n", "⏎").replace(" ", "␣") or "∅"
+
+
+def _added_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokenizer's added tokens (Qwen's <|im_end|> is one, not always in all_special_ids)."""
+    try:
+        return set(tokenizer.get_added_vocab().values())
+    except Exception:  # a tokenizer without added tokens
+        return set()
 
 
 def format_threshold(threshold: float) -> str:
@@ -297,7 +311,9 @@ def summary_panel(record: dict[str, Any]) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="dim", no_wrap=True)
     grid.add_column()
-    grid.add_row("description", Text(record.get("description") or "", style="bold"))
+    # fold: a CJK sentence has no spaces to wrap at; Rich folds it at cell widths (2 per CJK character),
+    # so the panel never cuts the description.
+    grid.add_row("description", Text(record.get("description") or "", style="bold", overflow="fold"))
     mode = record["mode"] + (f" (preset {record['preset']})" if record.get("preset") and record["mode"] == "spec" else "")
     grid.add_row("mode", mode)
     if record["mode"] == "spec":
@@ -393,7 +409,10 @@ class CloudFreeTally:
         self.free += bool(record["cloud_free"])
 
     def line(self) -> str:
-        return f"no cloud: {self.free} of {self.clips} clips never reached the cloud ({self.free / self.clips:.0%})"
+        if not self.free:  # "no cloud: 0 of 12 clips never reached the cloud" read as a double negative
+            return f"cloud-free: none of {self.clips} clips; every one reached the cloud"
+        return (f"cloud-free: {self.free} of {self.clips} clips ({self.free / self.clips:.0%}) never reached the "
+                "cloud")
 
 
 def fallback_note(label: str, record: dict) -> str:
@@ -451,11 +470,13 @@ def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
         for key in PRESET_KEYS:
             value = p.values.get(key)
             cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
-        table.add_row(name, *cells, _source(p, base.get(name)))
+        # A presets file is the user's (or a downloaded model folder's) text: printed escaped, so an
+        # ESC or newline in a name or description cannot drive the terminal or fake a line.
+        table.add_row(printable(name), *cells, printable(_source(p, base.get(name))))
         extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
         if p.description or extra:
-            notes.append(f"{name}", style="bold").append(f": {' · '.join(filter(None, (p.description, extra)))}\n",
-                                                          style="dim")
+            about = printable(' · '.join(filter(None, (p.description, extra))))
+            notes.append(printable(name), style="bold").append(f": {about}\n", style="dim")
     notes.rstrip()
     return Group(table, notes) if notes else Group(table)
 
