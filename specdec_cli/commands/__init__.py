@@ -6,8 +6,26 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from typer.core import TyperOption
+
 from . import batch, calibrate, describe, eval, presets, serve
 from .app import app
+
+# Options every command takes, written once (they belong to `specdec` itself; app.py moves them
+# before the command, so they work after it too): each command's --help ends with them.
+COMMON_OPTIONS = ("Common options, before or after the command: --threads N (CPU threads for torch). "
+                  "specdec --help lists the commands; specdec --version prints the version.")
+
+# Typer 0.29 prints a type for every option, flags included (`<bool>` on each --json, --quiet …),
+# which says nothing a flag's name does not. A flag shows no type; every other option keeps its own.
+_typed = TyperOption.display_type_rich
+
+
+def _type_column(self: TyperOption, ctx: Any) -> str | None:
+    return None if self.is_flag and self.metavar is None else _typed(self, ctx)
+
+
+TyperOption.display_type_rich = _type_column  # type: ignore[method-assign]
 
 
 def _flowed(command: Callable[..., Any]) -> str:
@@ -19,4 +37,4 @@ def _flowed(command: Callable[..., Any]) -> str:
 
 for name, command in (("describe", describe.describe), ("batch", batch.batch), ("presets", presets.presets),
                       ("serve", serve.serve), ("eval", eval.evaluate_command), ("calibrate", calibrate.calibrate)):
-    app.command(name, help=_flowed(command))(command)
+    app.command(name, help=_flowed(command), epilog=COMMON_OPTIONS)(command)
