@@ -263,3 +263,17 @@ def test_special_tokens_in_the_trace_are_readable_marks():
             return {7: "<|im_end|>", 8: "<|audio_bos|>", 9: "a\x1bb", 10: "<|not special|>"}[ids[0]]
 
     assert [ui.token_text(Tok(), i) for i in (7, 8, 9, 10)] == ["⟨end⟩", "⟨audio_bos⟩", "a\\x1bb", "<|not␣special|>"]
+
+
+def test_link_line_says_the_share_that_never_went_up_without_a_double_negative():
+    from specdec_cli.commands.ui import LinkTally
+
+    tally = LinkTally()
+    up = {"uplink_bytes": 1000, "downlink_bytes": 10, "round_trips": 2, "cloud_wait_s": 0.5}
+    tally.add(up)
+    tally.add(up)
+    assert tally.line().startswith("cloud link: every one of 2 clips went up · 2.0 kB up")
+    tally.add({**up, "uplink_bytes": 0, "downlink_bytes": 0, "round_trips": 0, "cloud_wait_s": 0.0})
+    tally.add({"error": "x"})  # a failed clip is not counted
+    assert tally.line().startswith("cloud link: 1 of 3 clips (33%) never went up · ")
+    assert "4 round trips · 1.00 s waiting on the cloud" in tally.line()

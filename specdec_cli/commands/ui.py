@@ -390,8 +390,10 @@ class LinkTally:
         self.wait_s += record["cloud_wait_s"]
 
     def line(self) -> str:
-        return (f"cloud link: {self.silent} of {self.clips} clips sent nothing ({self.silent / self.clips:.0%}) · "
-                f"{_size(self.up)} up · {_size(self.down)} down · {self.trips} round trips · "
+        # Said as CloudFreeTally says it: "0 of 9 clips sent nothing (0%)" read as a double negative.
+        kept = (f"every one of {self.clips} clips went up" if not self.silent else
+                f"{self.silent} of {self.clips} clips ({self.silent / self.clips:.0%}) never went up")
+        return (f"cloud link: {kept} · {_size(self.up)} up · {_size(self.down)} down · {self.trips} round trips · "
                 f"{self.wait_s:.2f} s waiting on the cloud")
 
 
