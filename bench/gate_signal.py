@@ -6,7 +6,7 @@ keeping the surest n % on the device costs, in accuracy, what the edge gets wron
 This bench measures that bound directly, with no gate thresholds in between:
 
     python bench/gate_signal.py [--work DIR] [--clips 48] [--cal-start 200] [--meas-start 300]
-                                [--noised-edge SCALE] [--json out.json]
+                                [--edge DIR | --noised-edge SCALE] [--json out.json]
 
 For each clip of two held-out sets (`python -m specdec_cli.demo.heldout`, as bench/gate.py makes
 them): the edge's greedy answer and cloud-only's, both scored against the labels; and three
@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clips", type=int, default=48)
     ap.add_argument("--cal-start", type=int, default=200)
     ap.add_argument("--meas-start", type=int, default=300)
+    ap.add_argument("--edge", type=Path, help="an edge checkpoint folder instead of the bundled demo edge")
     ap.add_argument("--noised-edge", type=float, metavar="SCALE", help="the noised pair (bench/link.py's)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--probe-clips", type=int, default=0,
@@ -241,10 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         dirs = clip_dirs(work, args.clips, args.cal_start, args.meas_start)
-        pair = bench_pair(None, args.noised_edge, Path(tmp))
+        pair = bench_pair(args.edge, args.noised_edge, Path(tmp))
         gate = load_gate(pair.presets_file, tokenizer_fingerprint(pair.tokenizer))
         result = {"edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
-                           if args.noised_edge is not None else "the bundled demo edge"),
+                           if args.noised_edge is not None else f"the edge in {args.edge}" if args.edge
+                           else "the bundled demo edge"),
                   "gate": "the presets file's [gate] table" if gate is not None else None,
                   "probe": (f"fitted on {args.probe_clips} other held-out clips from {args.probe_start}"
                             if args.probe_clips else "fitted on the calibration set's clips")

@@ -89,3 +89,70 @@ def test_export_loads_like_a_bundled_model(corpus, tmp_path):
     assert proc.tokenizer.get_vocab() == build_qwen_style_tokenizer().get_vocab()
     for k, v in st["model"].items():
         assert torch.equal(v, model.state_dict()[k]), k
+
+
+# --- distillation (issue 34) -------------------------------------------------------------------
+def test_kl_topk_equals_a_hand_computed_value():
+    import math
+
+    from specdec_cli.demo.train import kl_topk
+
+    student = torch.tensor([[1.0, 0.0, -1.0, 2.0]])
+    top_val, top_idx = torch.tensor([[3.0, 1.0]]), torch.tensor([[3, 0]], dtype=torch.int16)
+    T = 2.0
+    # teacher at T over its top-2, renormalised: softmax([1.5, 0.5]); student at T over all 4 ids
+    pt = [math.exp(1.5) / (math.exp(1.5) + math.exp(0.5)), math.exp(0.5) / (math.exp(1.5) + math.exp(0.5))]
+    z = sum(math.exp(x / T) for x in (1.0, 0.0, -1.0, 2.0))
+    ps = [math.exp(2.0 / T) / z, math.exp(1.0 / T) / z]
+    want = T * T * sum(p * math.log(p / q) for p, q in zip(pt, ps, strict=True))
+    got = float(kl_topk(student, top_val, top_idx, T)[0])
+    assert got == pytest.approx(want, rel=1e-6)
+    # a student equal to the teacher on the teacher's support, with nothing elsewhere: zero
+    same = torch.tensor([[1.0, -1e9, -1e9, 3.0]])
+    assert float(kl_topk(same, top_val, top_idx, T)[0]) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher(tmp_path_factory):
+    from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+    from specdec_cli.demo.train import build_model
+
+    folder = tmp_path_factory.mktemp("teacher")
+    build_model(replace(TINY, seed=5), build_qwen_style_tokenizer()).save_pretrained(folder)
+    return folder
+
+
+DISTILLED = replace(TINY, steps=8, smooth=0.0, distill=dict(teacher="t", weight=0.5, temperature=2.0, top_k=4,
+                                                             onpolicy_from=3, round_every=3, round_clips=3,
+                                                             onpolicy_every=2))
+
+
+def test_distilled_run_pauses_and_resumes_exactly_with_onpolicy_rounds(corpus, tiny_teacher, tmp_path):
+    kw = dict(log=_quiet, teacher_dir=tiny_teacher, cache_dir=tmp_path / "cache")
+    full = train("d", DISTILLED, tmp_path / "a", corpus, **kw)
+    assert full["pool"]["round"] == 1 and len(full["pool"]["answers"]) == 3  # steps 3, 5 (round 0), 7 (round 1)
+    assert len(list((tmp_path / "cache").glob("teacher-*.pt"))) == 1
+    # paused in the middle of round 0's pool and again right before round 1 is drawn
+    train("d", DISTILLED, tmp_path / "b", corpus, stop_after=4, **kw)
+    train("d", DISTILLED, tmp_path / "b", corpus, stop_after=2, **kw)
+    resumed = train("d", DISTILLED, tmp_path / "b", corpus, **kw)
+    assert resumed["step"] == full["step"] == DISTILLED.steps
+    for k, v in full["model"].items():
+        assert torch.equal(v, resumed["model"][k]), k
+    assert resumed["pool"]["answers"] == full["pool"]["answers"]
+    assert resumed["history"] == full["history"]
+    assert resumed["identity"]["teacher"] == full["identity"]["teacher"]
+    logged = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert [r["onpolicy_round"] for r in logged if "onpolicy_round" in r] == [0, 1]
+
+
+def test_distilled_state_refuses_another_teacher(corpus, tiny_teacher, tmp_path):
+    from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+    from specdec_cli.demo.train import build_model
+
+    kw = dict(log=_quiet, cache_dir=tmp_path / "cache")
+    train("d", DISTILLED, tmp_path / "run", corpus, stop_after=1, teacher_dir=tiny_teacher, **kw)
+    other = tmp_path / "other"
+    build_model(replace(TINY, seed=6), build_qwen_style_tokenizer()).save_pretrained(other)
+    with pytest.raises(SystemExit, match="another teacher"):
+        train("d", DISTILLED, tmp_path / "run", corpus, teacher_dir=other, **kw)

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from ..phrases import ATTRIBUTES
 from ..processor import audio_token_count
 from ..prompt import AUDIO, render_prompt
-from .corpus import BUCKETS, CORPUS, REPO, TEMPLATES, describe, fingerprint
+from .corpus import BUCKETS, CORPUS, REPO, TEMPLATES, WORK, describe, fingerprint
 from .thinker_config import thinker_config
 from .tokenizer import QWEN_DEMO_VOCAB, build_qwen_style_tokenizer
 
@@ -67,6 +67,8 @@ class Recipe:
     feat_noise: float = 0.03  # std of Gaussian noise on the (normalised) log-mel
     eval_every: int = 300
     seed: int = 0
+    # Knowledge distillation from a bundled model (Distill below); None: labels only.
+    distill: dict | None = None
 
 
 RECIPES: dict[str, Recipe] = {
@@ -83,6 +85,19 @@ RECIPES: dict[str, Recipe] = {
         size=dict(hidden=64, layers=1, heads=4, kv_heads=2, ffn=192, audio_d=48, audio_layers=1, audio_heads=4,
                   audio_ffn=192, dropout=0.1, text_dropout=0.0),
         steps=1200, lr=2e-3, batch=16, eval_every=300,
+    ),
+    # Demo pair v3's edge (issue 34): the edge_short's ears and text side (so a generated token costs
+    # what it did, well under half the cloud's), distilled from the bundled cloud as real drafters
+    # are. A full cosine schedule to the end (an edge cut short guesses with confidence), no label
+    # smoothing (the cloud's distribution is the soft target), and, from step 1000, one step in four
+    # on the edge's own sampled answers scored by the cloud (DistillSpec, arXiv 2310.08461: on-policy
+    # data aligns the draft best). See Distill.
+    "edge_distill": Recipe(
+        size=dict(hidden=64, layers=1, heads=4, kv_heads=2, ffn=192, audio_d=48, audio_layers=1, audio_heads=4,
+                  audio_ffn=192, dropout=0.1, text_dropout=0.0),
+        steps=2000, lr=2e-3, batch=16, eval_every=250, smooth=0.0,
+        distill=dict(teacher="cloud", weight=0.5, temperature=2.0, top_k=16, onpolicy_from=1000,
+                     round_every=200, round_clips=400, onpolicy_every=4),
     ),
     "cloud": Recipe(
         # Six thin text layers rather than four wide ones: same training FLOPs, but a generated
@@ -173,12 +188,14 @@ class Corpus:
         k, off, n = self.index[i]
         return torch.from_numpy(np.ascontiguousarray(self.arrays[k][off:off + n].T)).float()
 
-    def batch(self, idx: list[int], noise: float = 0.0, gen: torch.Generator | None = None) -> dict:
-        """Right-padded thinker inputs; labels -100 on prompt and padding; per-row answer start."""
+    def batch(self, idx: list[int], noise: float = 0.0, gen: torch.Generator | None = None,
+              answers: list[list[int]] | None = None) -> dict:
+        """Right-padded thinker inputs; labels -100 on prompt and padding; per-row answer start.
+        `answers`: per row, answer ids to use instead of the clip's target (on-policy samples)."""
         seqs, starts = [], []
-        for i in idx:
+        for k, i in enumerate(idx):
             p = self.pre + [self.audio_id] * audio_token_count(self.frames(i)) + self.post
-            seqs.append(p + self.targets[i]["ids"])
+            seqs.append(p + (answers[k] if answers is not None else self.targets[i]["ids"]))
             starts.append(len(p))
         L, T = max(map(len, seqs)), max(self.frames(i) for i in idx)
         ids = torch.full((len(idx), L), self.pad_id, dtype=torch.long)
@@ -214,6 +231,21 @@ def epoch_batches(data: Corpus, batch: int, seed: int, epoch: int) -> list[list[
 
 
 # ---------------------------------------------------------------------------------------------
+MODEL_INPUTS = ("input_ids", "attention_mask", "input_features", "feature_attention_mask")
+
+
+def model_inputs(b: dict) -> dict:
+    return {x: b[x] for x in MODEL_INPUTS}
+
+
+def position_weights(target: dict, recipe: Recipe) -> torch.Tensor:
+    """Per answer token: `phrase_weight` at the attributes' decision positions, else 1."""
+    w = torch.ones(len(target["ids"]))
+    for pos in target["spans"].values():
+        w[pos] = recipe.phrase_weight
+    return w
+
+
 def answer_loss(logits: torch.Tensor, b: dict, data: Corpus, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted, smoothed training loss, and the plain mean answer NLL (for the log)."""
     lp_all = F.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -224,9 +256,8 @@ def answer_loss(logits: torch.Tensor, b: dict, data: Corpus, recipe: Recipe) -> 
         lp = lp_all[row, st - 1:st - 1 + len(ids)]  # position st-1 predicts answer token 0
         nll = -lp.gather(1, ids[:, None])[:, 0]
         loss = nll.clone()
-        w = torch.ones_like(nll)
-        for attr, pos in t["spans"].items():
-            w[pos] = recipe.phrase_weight
+        w = position_weights(t, recipe)
+        for attr in t["spans"]:
             first, others = t["alts"][attr]
             if recipe.smooth and others:
                 loss[first] = (1 - recipe.smooth) * nll[first] - recipe.smooth * lp[first, others].mean()
@@ -244,10 +275,11 @@ def evaluate_tf(model, data: Corpus, batch: int = 32) -> dict:
     model.eval()
     tot, n_tok = 0.0, 0
     hits: dict[str, dict[str, list[int]]] = {}
+    sure, right = [], []  # per clip: Σ log max p along the target; every attribute right
     order = sorted(range(len(data)), key=data.frames)
     for k in range(0, len(order), batch):
         b = data.batch(order[k:k + batch])
-        logits = model(**{x: b[x] for x in ("input_ids", "attention_mask", "input_features", "feature_attention_mask")}).logits
+        logits = model(**model_inputs(b)).logits
         for row, (st, i) in enumerate(zip(b["starts"], b["clips"], strict=True)):
             t = data.targets[i]
             ids = torch.tensor(t["ids"])
@@ -255,6 +287,8 @@ def evaluate_tf(model, data: Corpus, batch: int = 32) -> dict:
             tot += float(-lp.gather(1, ids[:, None]).sum())
             n_tok += len(ids)
             ok = (lp.argmax(-1) == ids).tolist()
+            sure.append(float(lp.max(-1).values.sum()))
+            right.append(all(ok[p] for pos in t["spans"].values() for p in pos))
             for bucket in (data.meta[i]["bucket"], "all"):
                 h = hits.setdefault(bucket, {a: [0, 0] for a in ATTRIBUTES})
                 for attr, pos in t["spans"].items():
@@ -265,7 +299,153 @@ def evaluate_tf(model, data: Corpus, batch: int = 32) -> dict:
     acc = {bucket: {a: c / max(n, 1) for a, (c, n) in h.items()} for bucket, h in hits.items()}
     for v in acc.values():
         v["mean"] = sum(v[a] for a in ATTRIBUTES) / len(ATTRIBUTES)
-    return {"nll": tot / max(n_tok, 1), "acc": acc, "clips": len(data)}
+    # A cheap, teacher-forced stand-in for bench/gate_signal.py's `confidence` AUC: does the model's
+    # sureness along the target rank the clips it gets wholly right above the others?
+    return {"nll": tot / max(n_tok, 1), "acc": acc, "clips": len(data), "clip_auc": rank_auc(sure, right)}
+
+
+def rank_auc(scores: list[float], positive: list[bool]) -> float | None:
+    """P(a positive scores above a negative), ties half (Mann-Whitney); None when a class is empty."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
+    pos, neg = s[y], s[~y]
+    if not len(pos) or not len(neg):
+        return None
+    return float(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
+                 / (len(pos) * len(neg)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Distillation (issue 34): the edge learns the cloud's token distribution. Teacher logits along the
+# training targets are computed once per (teacher weights, corpus, k) and cached under .demo-work;
+# on-policy rounds sample the edge's own answers and score them with the teacher as they come.
+@dataclass(frozen=True)
+class Distill:
+    """`weight`: share of the KL term beside the label loss on the corpus's targets; `temperature`:
+    both distributions are softened by it (Hinton et al.; the KL is scaled by T^2 to keep its
+    gradient's size), so the cloud's margins, not only its argmax, reach the edge; `top_k`: the
+    teacher's k largest logits per position are kept (the KL runs over them, renormalised);
+    from step `onpolicy_from`, every `onpolicy_every`-th step trains on the edge's own sampled
+    answers (KL only: they have no labels), drawn `round_clips` at a time every `round_every` steps."""
+
+    teacher: str
+    weight: float
+    temperature: float
+    top_k: int
+    onpolicy_from: int | None = None
+    round_every: int = 200
+    round_clips: int = 400
+    onpolicy_every: int = 4
+
+    def onpolicy(self, step: int) -> bool:
+        """Whether the step after `step` steps trains on on-policy samples."""
+        return (self.onpolicy_from is not None and step >= self.onpolicy_from
+                and step % self.onpolicy_every == self.onpolicy_every - 1)
+
+    def round_of(self, step: int) -> int:
+        return (step - (self.onpolicy_from or 0)) // self.round_every
+
+
+def model_hash(folder: Path) -> str:
+    """Identity of a model folder's weights."""
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:16]
+
+
+def kl_topk(student_logits: torch.Tensor, top_val: torch.Tensor, top_idx: torch.Tensor,
+            temperature: float) -> torch.Tensor:
+    """Per position, T^2 · KL(teacher || student) at temperature T, the teacher's distribution being
+    its top-k logits renormalised, the student's its full softmax read at those ids (so student mass
+    off the teacher's top-k is penalised too)."""
+    t = F.log_softmax(top_val.float() / temperature, -1)
+    s = F.log_softmax(student_logits.float() / temperature, -1).gather(1, top_idx.long())
+    return temperature ** 2 * (t.exp() * (t - s)).sum(-1)
+
+
+def distill_loss(logits: torch.Tensor, b: dict, teacher_rows: list[tuple[torch.Tensor, torch.Tensor]],
+                 weights: list[torch.Tensor], temperature: float) -> torch.Tensor:
+    """Weighted mean over every answer token of the batch of kl_topk; row r's answer starts at
+    b["starts"][r] and `teacher_rows[r]` / `weights[r]` hold one entry per answer token."""
+    terms = []
+    for row, st in enumerate(b["starts"]):
+        val, idx = teacher_rows[row]
+        terms.append(kl_topk(logits[row, st - 1:st - 1 + len(val)], val, idx, temperature))
+    w = torch.cat(weights)
+    return (torch.cat(terms) * w).sum() / w.sum()
+
+
+def load_teacher(folder: Path):
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+
+    model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(folder)
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def teacher_topk(teacher, data: Corpus, clips: list[int], answers: list[list[int]] | None, top_k: int,
+                 batch: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per clip, along its answer (the target, or `answers[j]`): the teacher's top-k logits (float32)
+    and their ids (int16), one row per answer token. Clean features (no augmentation noise)."""
+    out: list = [None] * len(clips)
+    order = sorted(range(len(clips)), key=lambda j: data.frames(clips[j]))
+    for k in range(0, len(order), batch):
+        js = order[k:k + batch]
+        b = data.batch([clips[j] for j in js], answers=[answers[j] for j in js] if answers is not None else None)
+        teacher.model.rope_deltas = None  # per-call state on the model (field notes)
+        logits = teacher(**model_inputs(b)).logits
+        for row, j in enumerate(js):
+            n = len(answers[j]) if answers is not None else len(data.targets[clips[j]]["ids"])
+            st = b["starts"][row]
+            val, idx = logits[row, st - 1:st - 1 + n].float().topk(top_k, -1)
+            out[j] = (val.clone(), idx.to(torch.int16))
+    return out
+
+
+def gold_teacher(teacher_dir: Path, data: Corpus, top_k: int, corpus_fp: str, cache_dir: Path,
+                 log=print) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """teacher_topk along every training target, cached in `cache_dir` under the teacher's hash, the
+    corpus fingerprint and k (computed once: ~12k clips of cloud forwards)."""
+    path = cache_dir / f"teacher-{model_hash(teacher_dir)}-{corpus_fp}-k{top_k}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    log(f"computing the teacher's top-{top_k} logits on {len(data)} clips into {path}")
+    t0 = time.time()
+    rows = teacher_topk(load_teacher(teacher_dir), data, list(range(len(data))), None, top_k)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    save_atomic(rows, path)
+    log(f"teacher cache written in {time.time() - t0:.0f} s")
+    return rows
+
+
+MAX_ANSWER = 60  # as evaluate_pair's greedy runs
+
+
+@torch.no_grad()
+def onpolicy_round(model, teacher, data: Corpus, d: Distill, seed: int, r: int, eos_id: int,
+                   special: list[int]) -> dict:
+    """Round r's pool: `d.round_clips` training clips (a pure function of (seed, r)), the edge's
+    answer to each sampled at temperature 1 (from a generator seeded by (seed, r), so the dropout
+    stream is untouched) with the special ids but end-of-turn suppressed (an audio placeholder in an
+    answer would not match the clip's audio), and the teacher's top-k along each answer."""
+    clips = random.Random(f"{seed}/onpolicy/{r}").sample(range(len(data)), d.round_clips)
+    was_training = model.training
+    model.eval()
+    answers = []
+    with torch.random.fork_rng():
+        torch.manual_seed(1_000_003 * (seed + 1) + r)
+        for i in clips:
+            b = data.batch([i])
+            n = b["starts"][0]
+            inputs = {"input_ids": b["input_ids"][:, :n], "attention_mask": b["attention_mask"][:, :n],
+                      "input_features": b["input_features"], "feature_attention_mask": b["feature_attention_mask"]}
+            model.model.rope_deltas = None
+            out = model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 max_new_tokens=MAX_ANSWER, eos_token_id=eos_id, pad_token_id=data.pad_id,
+                                 suppress_tokens=[t for t in special if t != eos_id])
+            ans = out[0, n:].tolist()
+            answers.append(ans[:ans.index(eos_id) + 1] if eos_id in ans else ans)
+    model.train(was_training)
+    return {"round": r, "clips": clips, "answers": answers,
+            "teacher": teacher_topk(teacher, data, clips, answers, d.top_k), "pos": 0}
 
 
 def n_params(model: torch.nn.Module) -> dict[str, int]:
@@ -281,9 +461,17 @@ def _tokenizer_hash() -> str:
     return hashlib.sha256(QWEN_DEMO_VOCAB.read_bytes()).hexdigest()[:16]
 
 
-def identity(recipe: Recipe, corpus_fp: str) -> dict:
-    """What a state must match to be resumed."""
-    return {"recipe": asdict(recipe), "corpus": corpus_fp, "tokenizer": _tokenizer_hash(), "templates": list(TEMPLATES)}
+def identity(recipe: Recipe, corpus_fp: str, teacher: str | None = None) -> dict:
+    """What a state must match to be resumed. A recipe without distillation reads as before the
+    field existed (so the committed cloud and edge_short states still resume); a distilled one adds
+    the teacher's weights hash."""
+    r = asdict(recipe)
+    if r["distill"] is None:
+        del r["distill"]
+    out = {"recipe": r, "corpus": corpus_fp, "tokenizer": _tokenizer_hash(), "templates": list(TEMPLATES)}
+    if teacher is not None:
+        out["teacher"] = teacher
+    return out
 
 
 def save_atomic(obj: dict, path: Path) -> None:
@@ -321,11 +509,14 @@ class _Stop:
 
 
 def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, *, save_every_s: float = 300.0,
-          stop_after: int | None = None, log=print, threads: int = 1) -> dict:
+          stop_after: int | None = None, log=print, threads: int = 1, teacher_dir: Path | None = None,
+          cache_dir: Path = WORK / "teacher") -> dict:
     """Train (or resume) `name` into `run_dir`. `stop_after`: leave after this many steps of this
     invocation (a pause, as a signal would; used by the tests). `threads`: torch threads (1 when
     another job shares the cores; a resume may use another count: the numbers then differ in
-    rounding only). Returns the final state dict."""
+    rounding only). A distilled recipe reads its teacher from `teacher_dir` (default: the bundled
+    model its recipe names) and caches the teacher's logits in `cache_dir`. Returns the final
+    state dict."""
     torch.set_num_threads(threads)
     tok = build_qwen_style_tokenizer()
     spans = AttributeSpans(tok)
@@ -333,7 +524,14 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
     val_sets = {"val": Corpus("val", tok, spans, corpus_root)}
     if any(corpus_root.glob("val_noisy-*.json")):
         val_sets["val_noisy"] = Corpus("val_noisy", tok, spans, corpus_root)
-    ident = identity(recipe, fingerprint(corpus_root))
+    corpus_fp = fingerprint(corpus_root)
+    d = Distill(**recipe.distill) if recipe.distill else None
+    teacher = gold = None
+    if d is not None:
+        teacher_dir = teacher_dir or MODELS_DIR / d.teacher
+        gold = gold_teacher(teacher_dir, train_set, d.top_k, corpus_fp, cache_dir, log)
+        teacher = load_teacher(teacher_dir) if d.onpolicy_from is not None else None
+    ident = identity(recipe, corpus_fp, model_hash(teacher_dir) if d is not None else None)
     run_dir.mkdir(parents=True, exist_ok=True)
     state_path = run_dir / "state.pt"
     model = build_model(recipe, tok)
@@ -341,11 +539,11 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(recipe))
     gen = torch.Generator().manual_seed(recipe.seed + 1)
     torch.manual_seed(recipe.seed + 2)  # dropout draws from the global generator
-    step, epoch, pos, history = 0, 0, 0, []
+    step, epoch, pos, history, pool = 0, 0, 0, [], None
     if state_path.exists():
         st = torch.load(state_path, weights_only=False)
-        for key in ("recipe", "corpus", "tokenizer", "templates"):
-            if st["identity"][key] != ident[key]:
+        for key in ident:
+            if st["identity"].get(key) != ident[key]:
                 raise SystemExit(f"{state_path} was trained with another {key}; move it away to start over "
                                  f"(or rebuild the corpus/recipe it was made with)")
         model.load_state_dict(st["model"])
@@ -353,14 +551,14 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
         sched.load_state_dict(st["scheduler"])
         gen.set_state(st["rng"]["noise"])
         torch.set_rng_state(st["rng"]["torch"])
-        step, epoch, pos, history = st["step"], st["epoch"], st["pos"], st["history"]
+        step, epoch, pos, history, pool = st["step"], st["epoch"], st["pos"], st["history"], st.get("pool")
         log(f"resumed {name} at step {step} (epoch {epoch}, batch {pos})")
     params = n_params(model)
 
     def state() -> dict:
         return {"identity": ident, "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "rng": {"noise": gen.get_state(), "torch": torch.get_rng_state()},
-                "step": step, "epoch": epoch, "pos": pos, "history": history, "params": params,
+                "step": step, "epoch": epoch, "pos": pos, "history": history, "params": params, "pool": pool,
                 "saved_at": time.time()}
 
     stop = _Stop()
@@ -374,32 +572,63 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path = CORPUS, 
     emit({"start": step, "params": params, "train": len(train_set), "time": time.time()})
     batches = epoch_batches(train_set, recipe.batch, recipe.seed, epoch)
     last_save, t0, done_here = time.time(), time.time(), 0
-    run_loss = run_nll = 0.0
-    run_n = 0
+    run_loss = run_nll = run_kd = 0.0
+    run_n = run_gold = 0
     model.train()
     try:
         while step < recipe.steps and not stop.requested and (stop_after is None or done_here < stop_after):
-            if pos >= len(batches):
-                epoch, pos = epoch + 1, 0
-                batches = epoch_batches(train_set, recipe.batch, recipe.seed, epoch)
-            b = train_set.batch(batches[pos], recipe.feat_noise, gen)
-            logits = model(**{x: b[x] for x in ("input_ids", "attention_mask", "input_features",
-                                                 "feature_attention_mask")}).logits
-            loss, nll = answer_loss(logits, b, train_set, recipe)
+            if d is not None and d.onpolicy(step):
+                # The edge's own answers, scored by the teacher (KL only: a sample has no labels).
+                if pool is None or pool["round"] != d.round_of(step):
+                    t_round = time.time()
+                    pool = onpolicy_round(model, teacher, train_set, d, recipe.seed, d.round_of(step),
+                                          tok.convert_tokens_to_ids(tok.eos_token),
+                                          sorted(set(tok.all_special_ids) | set(tok.added_tokens_decoder)))
+                    emit({"step": step, "onpolicy_round": pool["round"], "seconds": round(time.time() - t_round, 1),
+                          "mean_answer_tokens": round(float(np.mean([len(a) for a in pool["answers"]])), 2)})
+                js = [(pool["pos"] + j) % len(pool["clips"]) for j in range(recipe.batch)]
+                pool["pos"] += recipe.batch
+                answers = [pool["answers"][j] for j in js]
+                b = train_set.batch([pool["clips"][j] for j in js], recipe.feat_noise, gen, answers=answers)
+                logits = model(**model_inputs(b)).logits
+                loss = kd = distill_loss(logits, b, [pool["teacher"][j] for j in js],
+                                         [torch.ones(len(a)) for a in answers], d.temperature)
+                nll = None
+            else:
+                if pos >= len(batches):
+                    epoch, pos = epoch + 1, 0
+                    batches = epoch_batches(train_set, recipe.batch, recipe.seed, epoch)
+                b = train_set.batch(batches[pos], recipe.feat_noise, gen)
+                logits = model(**model_inputs(b)).logits
+                loss, nll = answer_loss(logits, b, train_set, recipe)
+                kd = None
+                if d is not None:
+                    kd = distill_loss(logits, b, [gold[i] for i in b["clips"]],
+                                      [position_weights(train_set.targets[i], recipe) for i in b["clips"]],
+                                      d.temperature)
+                    loss = (1 - d.weight) * loss + d.weight * kd
+                pos += 1
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            step, pos, done_here = step + 1, pos + 1, done_here + 1
+            step, done_here = step + 1, done_here + 1
             run_loss += float(loss.detach())
-            run_nll += float(nll.detach())
             run_n += 1
+            if nll is not None:
+                run_nll += float(nll.detach())
+                run_gold += 1
+            if kd is not None:
+                run_kd += float(kd.detach())
             if step % 20 == 0:  # (after a resume the first window is shorter than 20 steps)
-                emit({"step": step, "loss": round(run_loss / run_n, 4), "nll": round(run_nll / run_n, 4),
-                      "lr": sched.get_last_lr()[0], "s_per_step": round((time.time() - t0) / done_here, 3)})
-                run_loss = run_nll = 0.0
-                run_n = 0
+                rec = {"step": step, "loss": round(run_loss / run_n, 4), "nll": round(run_nll / max(run_gold, 1), 4),
+                       "lr": sched.get_last_lr()[0], "s_per_step": round((time.time() - t0) / done_here, 3)}
+                if d is not None:
+                    rec["kd"] = round(run_kd / run_n, 4)
+                emit(rec)
+                run_loss = run_nll = run_kd = 0.0
+                run_n = run_gold = 0
             if step % recipe.eval_every == 0 or step == recipe.steps:
                 ev = {"step": step, **{k: evaluate_tf(model, v) for k, v in val_sets.items()}}
                 history.append(ev)
@@ -434,6 +663,11 @@ def progress_table(ev: dict) -> str:
         acc = ev.get(split, {}).get("acc", {}).get(bucket)
         if acc:
             lines.append(f"| {label} | " + " | ".join(f"{100 * acc[c]:.1f}" for c in cols) + " |")
+    aucs = {split: ev[split]["clip_auc"] for split in ("val", "val_noisy")
+            if ev.get(split, {}).get("clip_auc") is not None}
+    if aucs:
+        lines.append("clip AUC (teacher-forced sureness vs every attribute right): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in aucs.items()))
     return "\n".join(lines)
 
 
