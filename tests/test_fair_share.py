@@ -284,7 +284,7 @@ def test_a_bad_eager_open_answer_fails_the_clip_in_one_line(opened, wrong):
     """Before: `\\r` in the id lost the clip to 'unexpected InvalidURL', `../../metrics?x=` made the
     client send DELETE /metrics?x=, and the counts went into the records as sent."""
     with FakeCloud(serving(opened)) as fake:
-        done = describe(fake.url, "--upload", "eager")
+        done = describe(fake.url, "--upload", "eager", "--on-cloud-failure", "fail")  # the refusal itself
     assert done.returncode == 1 and done.stdout == "", (done.returncode, done.stderr)
     assert done.stderr.count("\n") == 1 and CANNOT_USE in done.stderr and wrong in done.stderr, done.stderr
     assert "unexpected" not in done.stderr
