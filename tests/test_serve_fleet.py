@@ -171,6 +171,12 @@ def test_a_replica_killed_mid_batch_costs_rebuilds_and_nothing_else(fleet, clips
             busy = [r for r in health(fleet)["per_replica"] if r["sessions"] > 0]
             if busy and out.exists() and out.read_text().count("\n") >= 1:
                 victim = busy[0]
+                # /health's session counts are up to a second old: the clips they saw may have
+                # ended. Stopped first, the replica holds whatever reaches it (its sessions' next
+                # verifications, new clips hashed to it) until the kill, so the kill always costs
+                # clips in flight there, as a crash under load would.
+                os.kill(victim["pid"], signal.SIGSTOP)
+                time.sleep(2.0)
                 os.kill(victim["pid"], signal.SIGKILL)
             else:
                 time.sleep(0.2)
