@@ -269,6 +269,46 @@ class Calibration:
     n_check: int
     gate: GateChoice | None = None  # None: --no-gate
 
+    def report(self) -> dict[str, Any]:
+        """Every setting's scores on both halves and what was chosen, as JSON (`calibrate --report`):
+        what docs tables about a calibration are drawn from (bench/doc_tables.py), so none is
+        copied by hand."""
+        chosen: dict[str, list[str]] = {}
+        for c in self.choices:
+            chosen.setdefault(c.run.name, []).append(c.name)
+        if self.gate is not None and self.gate.met:
+            chosen.setdefault(self.gate.run.name, []).append(self.gate.name)
+
+        def setting(r: Run) -> dict[str, Any]:
+            cfg = r.cfg
+            out: dict[str, Any] = {"name": r.name, "mode": cfg.mode, "k": cfg.k, "verify": cfg.verify}
+            if cfg.mode == "spec":
+                if cfg.verify == "meaning":
+                    out.update(gate_upload=cfg.gate_upload, gate_verify=cfg.gate_verify)
+                else:
+                    out["threshold"] = None if math.isinf(cfg.threshold) else cfg.threshold
+            cal, chk = self.scored[r.name]
+            out["calibration"] = {"quality": cal.quality, "call_rate": cal.call_rate}
+            out["check"] = {"quality": chk.quality, "call_rate": chk.call_rate}
+            out["chosen"] = chosen.get(r.name, [])
+            return out
+
+        gate = None
+        if self.gate is not None:
+            g = self.gate
+
+            def half(s: SettingScore) -> dict[str, float]:
+                return {"quality": s.quality, "call_rate": s.call_rate, "zero_cloud_share": s.zero_cloud_share,
+                        "work_per_clip": s.work_per_clip}
+            gate = {"name": g.name, "points": g.points, "met": g.met, "margin": g.margin, "setting": g.run.name,
+                    "calibration": half(g.calib), "check": half(g.check), "swaps": g.swaps,
+                    "weights": len(g.gate.weights)}
+        return {"measure": self.measure, "n_calib": self.n_calib, "n_check": self.n_check,
+                "settings": [setting(r) for r in self.runs],
+                "choices": [{"name": c.name, "points": c.points, "met": c.met, "setting": c.run.name}
+                            for c in self.choices],
+                "gate": gate}
+
     def warnings(self) -> list[str]:
         """What makes the choice weaker than it looks, one line each: too few clips for the targets to
         be told apart, and a preset whose check half misses its target (on clips it was not chosen

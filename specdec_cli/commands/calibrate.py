@@ -4,6 +4,7 @@ goes to stderr."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -71,6 +72,9 @@ def calibrate(
     margin: Annotated[float, typer.Option(
         min=0, help="frugal keeps this many standard errors of the calibration half's accuracy gap inside "
         "--fluent-points (0: the plain rule; more: a setting must beat the budget by more to be chosen).")] = 1.0,
+    report: Annotated[Path | None, typer.Option(
+        help="Also write every setting's scores on both halves and the choices here as JSON (what docs "
+             "tables are drawn from).", show_default=False)] = None,
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Clips decoded together by the speculative runs (the same tokens as one at a "
         "time; see `specdec batch --batch-size`).")] = 8,
@@ -90,6 +94,8 @@ def calibrate(
         raise InputError(f"--out {out} must be a .toml file path")
     if out.exists() and not overwrite:
         raise InputError(f"{out} exists; add --overwrite to replace it, or give another --out")
+    if report is not None and (report.is_dir() or report.resolve() == out.resolve()):
+        raise InputError(f"--report {report} must be a .json file path other than --out")
     base = explicit(**generation)
     max_new_tokens = base.pop("max_new_tokens", 64)
     # The input policy (inputs.py): every clip checked before the models load, each bad one named
@@ -128,6 +134,12 @@ def calibrate(
     except OSError as exc:
         raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc
 
+    if report is not None:
+        try:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(json.dumps(found.report(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {report}: {exc.strerror or exc}") from exc
     stdout = Console(highlight=False)
     stdout.print(results_table(found.runs, found.scored, found.choices, found.n_calib, found.n_check, found.gate))
     if found.gate is not None:
