@@ -1,7 +1,7 @@
 """The remote cloud behind a slower link: time and round trips per clip with D ms added per round trip.
 
     python bench/link.py [--quick] [--json] [--delays 0,10,50,100] [--pairs demo,self,noised]
-                         [--modes fluent,quality] [--out FILE]
+                         [--modes fluent,quality] [--edge DIR] [--out FILE]
 
 For each pair it starts a real `specdec serve` process on 127.0.0.1 (a free port, stopped by its
 pid) hosting the pair's cloud, and per delay D a delaying TCP proxy process in front of it: every
@@ -138,12 +138,12 @@ def noised_copy(cloud: Path, out: Path, scale: float, seed: int = 0) -> Path:
 SPEC = ("fluent", "quality")  # the presets timed over the link (--modes)
 
 
-def modes(names: tuple[str, ...] = SPEC) -> dict[str, Any]:
+def modes(names: tuple[str, ...] = SPEC, presets: Path = PRESETS) -> dict[str, Any]:
     from specdec_cli.decoding import DecodingConfig
     from specdec_cli.presets import resolve
 
     def preset(name: str) -> DecodingConfig:
-        return DecodingConfig().with_(**resolve(name, [PRESETS]).values)
+        return DecodingConfig().with_(**resolve(name, [presets]).values)
     return {"edge": DecodingConfig(mode="edge"), "cloud": DecodingConfig(mode="cloud"),
             **{name: preset(name) for name in names}}
 
@@ -163,9 +163,9 @@ def _waited(client: Any) -> Any:
     """The session's close as before issue 28: the DELETE sent and its answer waited for."""
     from specdec_cli.remote.client import CloudError, CloudUnreachable, SessionLost
 
-    def send(method: str, path: str, link: Any) -> bool:
-        try:
-            client.call(method, path, None, None, link)
+    def send(method: str, path: str, link: Any, session: str | None = None) -> bool:
+        try:  # the session header as the client sends it since the server keys sessions by it
+            client.call(method, path, None, None, link, session=session)
         except (CloudUnreachable, CloudError, SessionLost):
             pass
         return True
@@ -211,12 +211,12 @@ def count_ahead() -> None:
 
 
 def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int,
-               spec: tuple[str, ...] = SPEC) -> dict[str, Any]:
+               spec: tuple[str, ...] = SPEC, presets: Path = PRESETS) -> dict[str, Any]:
     from specdec_cli.describe import Describer
     from specdec_cli.remote.local_server import LocalServer
 
-    cfgs = modes(spec)
-    local = Describer(loaded(edge, str(cloud)))
+    cfgs = modes(spec, presets)
+    local = Describer(loaded(edge, str(cloud), presets))
     here: dict[str, list] = {m: [local.run(a, cfg) for a in audios] for m, cfg in cfgs.items()}  # warm-up
     here = {m: [local.run(a, cfg) for a in audios] for m, cfg in cfgs.items()}
     out: dict[str, Any] = {"edge": str(edge.relative_to(REPO) if edge.is_relative_to(REPO) else edge.name),
@@ -231,7 +231,7 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
         for d in delays:
             proxy = Proxy(server.port, d)
             try:
-                remote = Describer(loaded(edge, proxy.url))
+                remote = Describer(loaded(edge, proxy.url, presets))
                 client = remote.pair.remote
                 keys = [("cloud", "-")] + [(m, v) for m in spec for v in variants(client)]
                 for m, v in keys:  # warm-up: connection, server caches
@@ -265,7 +265,7 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
     return out
 
 
-def loaded(edge: Path, cloud: str) -> Any:
+def loaded(edge: Path, cloud: str, presets: Path = PRESETS) -> Any:
     """The pair (`load_pair`) with the bundled presets file's meaning gate, as `specdec.Pair` gives
     it, so that a verify = "meaning" preset (frugal) decodes with its gate, not the entropy one."""
     from specdec_cli.gate_presets import load_gates
@@ -273,7 +273,7 @@ def loaded(edge: Path, cloud: str) -> Any:
     from specdec_cli.remote.wire import tokenizer_fingerprint
 
     models = load_pair(str(edge), cloud)
-    models.gate = load_gates((PRESETS,), tokenizer_fingerprint(models.tokenizer))
+    models.gate = load_gates((presets,), tokenizer_fingerprint(models.tokenizer))
     return models
 
 
@@ -291,6 +291,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--pairs", default="demo,self,noised")
     ap.add_argument("--modes", default=",".join(SPEC), help="presets timed besides cloud-only (e.g. quality,frugal)")
     ap.add_argument("--noise", type=float, default=0.4, help="the noised edge: noise std / tensor std")
+    ap.add_argument("--edge", type=Path, help="the demo pair's edge, with its presets file (default: the bundled "
+                                              "edge), e.g. an earlier demo edge against the same bundled cloud")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1, help="passes over the clips per delay")
     ap.add_argument("--proxy-to", type=int, help=argparse.SUPPRESS)
@@ -315,11 +317,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                                            time.gmtime()),
                            "pairs": {}}
     with tempfile.TemporaryDirectory(prefix="specdec-link-") as tmp:
-        edges = {"demo": DEMO / "edge", "self": cloud}
+        edges = {"demo": args.edge or DEMO / "edge", "self": cloud}
         for name in args.pairs.split(","):
             if name == "noised":
                 edges[name] = noised_copy(cloud, Path(tmp) / "noised", args.noise)
-            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats, spec)
+            presets = edges[name] / "specdec_presets.toml" if name == "demo" and args.edge else PRESETS
+            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats, spec, presets)
             print(f"{name}: done", file=sys.stderr, flush=True)
     out["load_average_after"] = list(os.getloadavg())
     text = json.dumps(out, ensure_ascii=False, indent=2)
