@@ -147,7 +147,8 @@ def best_per_core(cap: dict[str, Any]) -> tuple[str, float] | None:
 
 
 def demo_goals(before: dict[str, Any], after: dict[str, Any], cap_before: dict[str, Any] | None = None,
-               cap_after: dict[str, Any] | None = None, link_after: dict[str, Any] | None = None) -> list[str]:
+               cap_after: dict[str, Any] | None = None, link_before: dict[str, Any] | None = None,
+               link_after: dict[str, Any] | None = None) -> list[str]:
     """docs/demo-pair.md "v2 → v3, measured": issue 34's item-5 goals, v2 pair against v3 pair,
     from bench/demo_goals.py (and bench/capacity.py, bench/link.py) JSON; met / not met on v3."""
     rows = ["| goal (issue 34, item 5) | v2 pair (before) | v3 pair (after) | v3: |", "|---|---:|---:|---|"]
@@ -185,16 +186,18 @@ def demo_goals(before: dict[str, Any], after: dict[str, Any], cap_before: dict[s
                     f"≥ {CAPACITY_X:g}× batched cloud-only's clips per server core | {cap(cap_before)} | "
                     f"{cap(cap_after)} | {_met(best is not None and best[1] >= CAPACITY_X)} |")
     if link_after is not None:
-        rows.append("| link, +50 ms: seconds per clip (round trips), quality / frugal against cloud-only "
-                    f"| — | {link_cells(link_after)} | reported |")
+        rows.append("| link, +50 ms, pipelined client: seconds per clip (round trips, × cloud-only's), "
+                    f"quality / frugal / cloud-only | {'—' if link_before is None else link_cells(link_before)} | "
+                    f"{link_cells(link_after)} | reported (no goal) |")
     return rows
 
 
 def link_cells(run: dict[str, Any], delay: str = "50ms", client: str = "pipelined") -> str:
     """bench/link.py's demo pair at one delay: "quality q (t) / frugal f (t) / cloud-only c (1)"."""
     row = run["pairs"]["demo"]["remote"][delay]
-    parts = [f"{m} {row[f'{m}/{client}']['s_per_clip']:.3f} s ({row[f'{m}/{client}']['round_trips']:.1f})"
-             for m in ("quality", "frugal") if f"{m}/{client}" in row]
+    cloud = row["cloud"]["s_per_clip"]
+    parts = [f"{m} {row[f'{m}/{client}']['s_per_clip']:.3f} s ({row[f'{m}/{client}']['round_trips']:.1f}, "
+             f"{row[f'{m}/{client}']['s_per_clip'] / cloud:.2f}×)" for m in ("quality", "frugal") if f"{m}/{client}" in row]
     return " / ".join(parts + [f"cloud-only {row['cloud']['s_per_clip']:.3f} s (1)"])
 
 
@@ -233,7 +236,75 @@ def capacity(run: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _link_clients(pair: str, mode: str) -> Callable[..., list[str]]:
+    """docs/pipelining.md: one pair's one preset over bench/link.py's delays, every client, seconds
+    per clip (round trips); with a second JSON, its blocking client as "before (code run)"."""
+    def render(run: dict[str, Any], before: dict[str, Any] | None = None) -> list[str]:
+        clients = ("legacy", "blocking", "pipelined", "eager")
+        head = ["+ms", "cloud-only", *(["before (code run)"] if before else []),
+                *(f"{mode} {c}" for c in clients), "pipelined / legacy", "kept ahead / drafted", "same tokens"]
+        rows = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+        def cell(x: dict[str, Any]) -> str:
+            return f"{x['s_per_clip']:.3f} ({x['round_trips']:.0f})" if x["round_trips"] == 1 else \
+                f"{x['s_per_clip']:.3f} ({x['round_trips']:.1f})"
+        for delay, row in run["pairs"][pair]["remote"].items():
+            got = {c: row[f"{mode}/{c}"] for c in clients}
+            same = [x["same_tokens"].split("/") for x in row.values()]
+            n = sum(int(b) for _, b in same)
+            cells = [delay, cell(row["cloud"]),
+                     *([cell(before["pairs"][pair]["remote"][delay][f"{mode}/blocking"])] if before else []),
+                     *(cell(got[c]) for c in clients),
+                     f"{got['pipelined']['s_per_clip'] / got['legacy']['s_per_clip']:.2f}",
+                     f"{got['pipelined']['ahead_kept_per_clip']:.1f} / {got['pipelined']['ahead_drafted_per_clip']:.1f}",
+                     f"all {n}" if all(a == b for a, b in same) else f"{sum(int(a) for a, _ in same)} of {n}"]
+            rows.append("| " + " | ".join(cells) + " |")
+        return rows
+    return render
+
+
+def link_goal(run: dict[str, Any]) -> list[str]:
+    """docs/pipelining.md: the demo pair's presets against cloud-only per clip at +50 ms, each client."""
+    row = run["pairs"]["demo"]["remote"]["50ms"]
+    cloud = row["cloud"]["s_per_clip"]
+    rows = ["| preset | blocking s/clip (trips) | pipelined s/clip (trips) | eager s/clip (trips) | "
+            "pipelined / cloud-only | same tokens |", "|---|---:|---:|---:|---:|---|"]
+    rows.append(f"| cloud-only | {cloud:.3f} (1) | — | — | 1.00 | {row['cloud']['same_tokens']} |")
+    for mode in run.get("modes", ["fluent", "quality"]):
+        got = {c: row[f"{mode}/{c}"] for c in ("blocking", "pipelined", "eager")}
+        rows.append(f"| {mode} | " + " | ".join(f"{g['s_per_clip']:.3f} ({g['round_trips']:.1f})" for g in got.values())
+                    + f" | {got['pipelined']['s_per_clip'] / cloud:.2f} | {got['pipelined']['same_tokens']} |")
+    return rows
+
+
+def capacity_goal(*runs: dict[str, Any]) -> list[str]:
+    """docs/capacity.md: per bench/capacity.py run, the best preset within CAPACITY_POINTS of cloud-only's
+    accuracy and its clips per server core against batched cloud-only's, met / not met (issue 34). The
+    runs in the marker's order: the v2 pair's first, the v3 pair's (the bundled edge) last."""
+    rows = ["| pair | load average, start → end | clips | cloud-only accuracy | best preset within 1 point | its clips per server core "
+            f"× batched cloud-only (goal ≥ {CAPACITY_X:g}×) | every preset: accuracy Δ, × per core |",
+            "|---|---|---:|---:|---|---|---|"]
+    for run in runs:
+        modes = run["modes"]
+        base = modes["cloud"]["server_cpu_capacity_clips_per_s"]
+        best = best_per_core(run)
+        every = "; ".join(f"{name} {signed(m['accuracy_minus_cloud'])}, "
+                          f"{m['server_cpu_capacity_clips_per_s'] / base:.2f}×" for name, m in modes.items()
+                          if name != "cloud")
+        verdict = ("none" if best is None else f"{best[0]}"), (
+            "**not met**" if best is None else f"{best[1]:.2f}× {_met(best[1] >= CAPACITY_X)}")
+        pair = "v3 (bundled)" if run is runs[-1] else f"v2{' (`--edge`)' if run.get('edge') else ' (then bundled)'}"
+        load = f"{run['load_avg']['start'][0]:.1f} → {run['load_avg']['end'][0]:.1f}"
+        rows.append(f"| {pair} | {load} | {run['clips']} | "
+                    f"{modes['cloud']['accuracy']:.2f} % | {verdict[0]} | {verdict[1]} | {every} |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
+    "capacity_goal": capacity_goal,
+    **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")
+       for mode in ("fluent", "quality", "frugal")},
+    "link_goal": link_goal,
     "capacity": capacity,
     "demo_goals": demo_goals,
     "demo_goals_settings": demo_goals_settings,
