@@ -182,9 +182,17 @@ def demo_goals(before: dict[str, Any], after: dict[str, Any], cap_before: dict[s
             best = best_per_core(c)
             return "none within 1 point" if best is None else f"{best[0]} {best[1]:.2f}×"
         best = best_per_core(cap_after)
+        met = best is not None and best[1] >= CAPACITY_X
+        verdict = _met(met)
+        before = best_per_core(cap_before) if cap_before is not None else None
+        if met and before is not None and before[1] >= CAPACITY_X:
+            # The per-core ratio moves with the machine's load (a loaded cloud-only server never gets to
+            # batch): when the pair the issue says misses the goal passes it in the same conditions,
+            # this run cannot show that v3 meets it.
+            verdict = "**met in this run, not conclusive**: the v2 pair passes it in the same conditions"
         rows.append(f"| capacity: the best preset within {CAPACITY_POINTS:g} point of cloud-only carries "
                     f"≥ {CAPACITY_X:g}× batched cloud-only's clips per server core | {cap(cap_before)} | "
-                    f"{cap(cap_after)} | {_met(best is not None and best[1] >= CAPACITY_X)} |")
+                    f"{cap(cap_after)} | {verdict} |")
     if link_after is not None:
         rows.append("| link, +50 ms, pipelined client: seconds per clip (round trips, × cloud-only's), "
                     f"quality / frugal / cloud-only | {'—' if link_before is None else link_cells(link_before)} | "

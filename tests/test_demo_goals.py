@@ -54,6 +54,9 @@ def test_the_goals_table_marks_each_goal_by_the_after_figures():
     assert capacity.endswith("| — | quality 1.40× | **not met** |")
     cap["modes"]["quality"]["server_cpu_capacity_clips_per_s"] = 15.0
     assert dt.demo_goals(before, after, None, cap)[-1].endswith("| quality 1.50× | **met** |")
+    # the before pair passing too, in its run: the after run cannot show the goal met
+    assert dt.demo_goals(before, after, cap, cap)[-1].endswith(
+        "| quality 1.50× | quality 1.50× | **met in this run, not conclusive**: the v2 pair passes it in the same conditions |")
 
 
 def test_a_missing_frugal_preset_is_a_goal_not_met():
@@ -81,3 +84,13 @@ def test_demo_goals_smallest_run_through_a_real_server(tmp_path):
     assert cloud["no_cloud_share"] == 0 and 0.9 < cloud["cloud_call_rate"] <= 1
     assert quality["vs_cloud_points"] == pytest.approx(100 * (quality["mean_accuracy"] - cloud["mean_accuracy"]),
                                                        abs=1e-3)
+
+
+def test_the_item5_tables_stay_marked():
+    """Removing a marker would switch the stale-table check off for it: issue 34's item-5 tables stay marked."""
+    dt = tables_module()
+    marked = {(str(t.page.relative_to(ROOT)), t.renderer) for p in dt.pages() for t in dt.tables(p)}
+    assert {("docs/demo-pair.md", "demo_goals"), ("docs/demo-pair.md", "demo_goals_settings"),
+            ("docs/capacity.md", "capacity_goal"), ("docs/capacity.md", "capacity"),
+            ("docs/pipelining.md", "link_goal"), ("docs/pipelining.md", "link_demo_quality"),
+            ("docs/pipelining.md", "link_demo_frugal")} <= marked
