@@ -3,7 +3,8 @@ its JSON says (issue 34, item 4: a stale figure cannot land).
 
 A generated table in a markdown page is the block of `|` lines after a marker comment (and one
 blank line) naming
-its renderer and the JSON file(s) it is drawn from (paths from the repository root):
+its renderer and the JSON file(s) it is drawn from (paths from the repository root; a `.toml`
+source, such as a presets file, is read as TOML):
 
     <!-- table: gate_signal docs/bench-gate-signal.json docs/bench-gate-signal-probe600.json -->
 
@@ -26,6 +27,7 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,6 +309,23 @@ def loop_overhead(wide: dict[str, Any], demo: dict[str, Any]) -> list[str]:
     return rows
 
 
+DEMO_PRESETS = "specdec_cli/demo/models/edge/specdec_presets.toml"
+
+
+def demo_presets(presets: dict[str, Any]) -> list[str]:
+    """docs/usage.md: the bundled pair's presets as `specdec presets` lists them, from the presets
+    file itself (a TOML source: `make presets` writes it)."""
+    rows = ["| preset | threshold | k | uncertainty | verify | source |", "|---|---|---|---|---|---|"]
+    for name in ("fluent", "quality", *sorted(set(presets) - {"fluent", "quality", "gate"})):
+        p = presets[name]
+        over = f" (over `configs/{name}.toml`)" if (REPO / "configs" / f"{name}.toml").is_file() else ""
+        gate = (f"; the [meaning gate](meaning-gate.md): `gate_upload` {p['gate_upload']:g}, "
+                f"`gate_verify` {p['gate_verify']:g}" if p.get("verify") == "meaning" else "")
+        rows.append(f"| {name} | {p['threshold']:g} | {p['k']} | {p['uncertainty']} | {p['verify']} | "
+                    f"`{DEMO_PRESETS}`{over}: {p['description']}{gate} |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_models": demo_models,
     "gate_signal": gate_signal,
@@ -321,6 +340,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "server_batching_wider": server_batching_wider,
     "server_windows": server_windows,
     "loop_overhead": loop_overhead,
+    "demo_presets": demo_presets,
 }
 
 
@@ -392,7 +412,8 @@ def render(table: Table, root: Path = REPO) -> list[str]:
         path = root / source
         if not path.is_file():
             raise SystemExit(f"{table.where()}: {source} does not exist (paths are from the repository root)")
-        docs.append(json.loads(path.read_text(encoding="utf-8")))
+        text = path.read_text(encoding="utf-8")
+        docs.append(tomllib.loads(text) if path.suffix == ".toml" else json.loads(text))
     return RENDERERS[table.renderer](*docs)
 
 

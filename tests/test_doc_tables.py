@@ -40,6 +40,7 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
     assert {("docs/benchmarks.md", r) for r in ("eval_modes", "bench_identity", "bench_gated", "bench_cloud_work",
                                                  "batched", "remote", "server_batching", "server_batching_wider",
                                                  "server_windows", "loop_overhead")} <= marked
+    assert ("docs/usage.md", "demo_presets") in marked
     assert "docs/eval-samples.md" in dt.GENERATED_PAGES
 
 
