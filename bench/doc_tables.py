@@ -309,6 +309,36 @@ def loop_overhead(wide: dict[str, Any], demo: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _ray_label(config: str) -> str:
+    kind, _, batch = config.partition("_b")
+    rows = f"batch {batch}" if batch else "one at a time"
+    if kind == "single":
+        return "single process, " + (f"`--batch-size {batch}`" if batch else "one clip at a time")
+    workers = int(kind.removeprefix("ray_"))
+    return f"Ray, {workers} worker{'s' if workers > 1 else ''}, {rows}"
+
+
+def ray_batch(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Ray workers": bench/ray_batch.py's medians, in process."""
+    rows = [f"| run ({run['clips']} clips) | wall s | start-up s | clips/s | clips/s once loaded | "
+            "× single, once loaded | CPU ms / clip |", "|---|---|---|---|---|---|---|"]
+    for config, m in run["median"].items():
+        x = run["x_vs_single"].get(config, {"loaded_clips_per_s": 1.0})["loaded_clips_per_s"]
+        rows.append(f"| {_ray_label(config)} | {m['wall_s']:.1f} | {m['loaded_s']:.1f} | {m['clips_per_s']:.1f} | "
+                    f"{m['loaded_clips_per_s']:.1f} | {x:.2f} | {m['decode_cpu_ms_per_clip']:.1f} |")
+    return rows
+
+
+def ray_batch_cli(run: dict[str, Any]) -> list[str]:
+    """The same run's real commands in fresh processes, once each."""
+    rows = ["| command | wall s | × `--batch-size 1` |", "|---|---|---|"]
+    for config, m in run["cli"].items():
+        kind, _, batch = config.partition("_b")
+        flags = f"--batch-size {batch}" if kind == "single" else f"--ray auto --workers {kind.removeprefix('ray_')}"
+        rows.append(f"| `specdec batch DIR --out F {flags}` | {m['wall_s']:.1f} | {m['x_vs_single_b1']:.2f} |")
+    return rows
+
+
 DEMO_PRESETS = "specdec_cli/demo/models/edge/specdec_presets.toml"
 
 
@@ -341,6 +371,8 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "server_windows": server_windows,
     "loop_overhead": loop_overhead,
     "demo_presets": demo_presets,
+    "ray_batch": ray_batch,
+    "ray_batch_cli": ray_batch_cli,
 }
 
 
