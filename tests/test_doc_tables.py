@@ -39,7 +39,8 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
     # docs/benchmarks.md: every section that quotes the demo pair
     assert {("docs/benchmarks.md", r) for r in ("eval_modes", "bench_identity", "bench_gated", "bench_cloud_work",
                                                  "batched", "remote", "server_batching", "server_batching_wider",
-                                                 "server_windows", "loop_overhead")} <= marked
+                                                 "server_windows", "loop_overhead", "ray_batch",
+                                                 "ray_batch_cli")} <= marked
     assert ("docs/usage.md", "demo_presets") in marked
     assert "docs/eval-samples.md" in dt.GENERATED_PAGES
 
