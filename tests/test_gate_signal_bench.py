@@ -35,6 +35,15 @@ def test_auc_counts_pairs_with_ties_half():
     assert bench.auc([1, 2], [True, True]) is None
 
 
+def test_auc_se_is_hanley_and_mcneils():
+    bench = bench_module()
+    # A = 0.5, 10 + 10 clips: Q1 = Q2 = 1/3, A^2 = 1/4 -> (1/4 + 9/12 + 9/12) / 100 = 0.0175
+    assert bench.auc_se(0.5, 10, 10) == pytest.approx(0.0175 ** 0.5)
+    # a perfect ranking has nothing left to vary; no AUC, no error
+    assert bench.auc_se(1.0, 30, 20) == pytest.approx(0.0)
+    assert bench.auc_se(None, 0, 5) is None
+
+
 def test_frontier_keeps_the_surest_clips_on_the_edge():
     bench = bench_module()
     edge = [1.0, 0.5, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
