@@ -188,6 +188,20 @@ def gate_signal_goal(run: dict[str, Any]) -> list[str]:
             f"{_auc(cal[name]['auc'])} | ≥ {GATE_SIGNAL_GOAL} | {'yes' if best['auc'] >= GATE_SIGNAL_GOAL else '**no**'} |"]
 
 
+def gate_choices(run: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 4: bench/gate.py's measurement set, every baseline and every
+    setting chosen on the calibration set, in the JSON's order."""
+    meas = run["measurement"]
+    cloud = meas["cloud-only"]["accuracy"]
+    rows = ["| setting (measurement set) | zero-cloud | accuracy | vs cloud-only | calls / token | bytes up / clip | "
+            "server work / clip |", "|---|---|---|---|---|---|---|"]
+    for name, r in meas.items():
+        vs = DASH if name == "cloud-only" else signed(r["accuracy"] - cloud)
+        rows.append(f"| {name} | {pct(r['zero_cloud_share'])} % | {r['accuracy']:.1f} % | {vs} | "
+                    f"{r['calls_per_token']:.3f} | {r['bytes_up_per_clip']:,.0f} | {r['cloud_work_tokens_per_clip']:.1f} |")
+    return rows
+
+
 def frugal_origin(report: dict[str, Any]) -> list[str]:
     """docs/meaning-gate.md section 7: the bundled `frugal` preset as `make presets` (specdec
     calibrate --report) chose it: its setting and its scores on calibrate's two halves against
@@ -221,6 +235,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "gate_signal_attributes": gate_signal_attributes,
     "gate_signal_goal": gate_signal_goal,
     "frugal_origin": frugal_origin,
+    "gate_choices": gate_choices,
 }
 
 

@@ -159,3 +159,14 @@ def test_frugal_origin_reads_calibrates_report():
     assert dt.frugal_origin(_calibration(met=False))[2].startswith(
         "| calibration half: none qualified (k 10, upload 0.704, verify 0.403; within 3 points, margin z = 1: the best;")
     assert dt.frugal_origin(_calibration(gate=False))[2].startswith("| no meaning gate fitted (`--no-gate`) |")
+
+
+def test_gate_choices_rows_against_cloud_only():
+    dt = tables_module()
+    row = {"zero_cloud_share": 0.0, "accuracy": 97.91666, "calls_per_token": 0.96501, "bytes_up_per_clip": 133809.02,
+           "cloud_work_tokens_per_clip": 322.5625}
+    frugal = {"zero_cloud_share": 0.1875, "accuracy": 95.13888, "calls_per_token": 0.095760, "bytes_up_per_clip": 96193.125,
+              "cloud_work_tokens_per_clip": 248.02083}
+    rows = dt.gate_choices({"measurement": {"cloud-only": row, "meaning-3 (k=12)": frugal}})
+    assert rows[2:] == ["| cloud-only | 0.0 % | 97.9 % | — | 0.965 | 133,809 | 322.6 |",
+                        "| meaning-3 (k=12) | 18.8 % | 95.1 % | \u22122.8 | 0.096 | 96,193 | 248.0 |"]
