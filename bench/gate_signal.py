@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--noised-edge", type=float, metavar="SCALE", help="the noised pair (bench/link.py's)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--probe-clips", type=int, default=0,
-                    help="fit the probe on this many other held-out clips instead of the calibration set")
+                    help="fit the probes on this many other held-out clips instead of the calibration set")
     ap.add_argument("--probe-start", type=int, default=400)
     ap.add_argument("--json", type=Path, help="write the results here (JSON; default: stdout)")
     args = ap.parse_args(argv)
@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> None:
                   "sets": {name: f"held-out clips from {start}, as many as {directory}/labels.jsonl lists"
                            for (name, directory), start in zip(dirs.items(), (args.cal_start, args.meas_start),
                                                                strict=True)},
-                  "probe": (f"fitted on {args.probe_clips} other held-out clips from {args.probe_start}"
-                            if args.probe_clips else "fitted on the calibration set's clips")
+                  "probe": (f"both probes fitted on {args.probe_clips} other held-out clips from {args.probe_start}"
+                            if args.probe_clips else "both probes fitted on the calibration set's clips")
                   + ", scored on the measurement set's; on the calibration set: 8-fold cross-validated"}
         cal = measure(pair, dirs["calibration"], gate, args.batch_size)
         for name in PROBES:
