@@ -188,18 +188,27 @@ def gate_signal_goal(run: dict[str, Any]) -> list[str]:
             f"{_auc(cal[name]['auc'])} | ≥ {GATE_SIGNAL_GOAL} | {'yes' if best['auc'] >= GATE_SIGNAL_GOAL else '**no**'} |"]
 
 
-def gate_choices(run: dict[str, Any]) -> list[str]:
-    """docs/meaning-gate.md section 4: bench/gate.py's measurement set, every baseline and every
-    setting chosen on the calibration set, in the JSON's order."""
-    meas = run["measurement"]
-    cloud = meas["cloud-only"]["accuracy"]
-    rows = ["| setting (measurement set) | zero-cloud | accuracy | vs cloud-only | calls / token | bytes up / clip | "
+def _choice_rows(run: dict[str, Any], part: str) -> list[str]:
+    rows_in = run[part]
+    cloud = rows_in["cloud-only"]["accuracy"]
+    rows = [f"| setting ({part} set) | zero-cloud | accuracy | vs cloud-only | calls / token | bytes up / clip | "
             "server work / clip |", "|---|---|---|---|---|---|---|"]
-    for name, r in meas.items():
+    for name, r in rows_in.items():
         vs = DASH if name == "cloud-only" else signed(r["accuracy"] - cloud)
         rows.append(f"| {name} | {pct(r['zero_cloud_share'])} % | {r['accuracy']:.1f} % | {vs} | "
                     f"{r['calls_per_token']:.3f} | {r['bytes_up_per_clip']:,.0f} | {r['cloud_work_tokens_per_clip']:.1f} |")
     return rows
+
+
+def gate_choices(run: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 12: bench/gate.py's measurement set, every baseline and every
+    setting chosen on the calibration set, in the JSON's order."""
+    return _choice_rows(run, "measurement")
+
+
+def gate_choices_calibration(run: dict[str, Any]) -> list[str]:
+    """The same rows on the calibration set the settings were chosen on."""
+    return _choice_rows(run, "calibration")
 
 
 def frugal_origin(report: dict[str, Any]) -> list[str]:
@@ -213,8 +222,9 @@ def frugal_origin(report: dict[str, Any]) -> list[str]:
         return head + [f"| no meaning gate fitted (`--no-gate`) | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} |"]
     settings = {s["name"]: s for s in report["settings"]}
     cloud, chosen = settings["cloud-only"], settings[g["setting"]]
+    points = f"{g['points']:g} point" + ("" if g["points"] == 1 else "s")
     what = (f"k {chosen['k']}, upload {chosen['gate_upload']:.3f}, verify {chosen['gate_verify']:.3f}; within "
-            f"{g['points']:g} points, margin z = {g['margin']:g}")
+            f"{points}, margin z = {g['margin']:g}")
     if not g["met"]:
         what = f"none qualified ({what}: the best; no `frugal`, no `[gate]` written)"
     rows = []
@@ -236,6 +246,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "gate_signal_goal": gate_signal_goal,
     "frugal_origin": frugal_origin,
     "gate_choices": gate_choices,
+    "gate_choices_calibration": gate_choices_calibration,
 }
 
 

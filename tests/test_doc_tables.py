@@ -37,7 +37,8 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
     assert {("docs/demo-pair.md", "demo_models"), ("docs/meaning-gate.md", "gate_signal"),
             ("docs/meaning-gate.md", "gate_signal_v2"), ("docs/meaning-gate.md", "gate_signal_noised"),
             ("docs/meaning-gate.md", "gate_signal_goal"), ("docs/meaning-gate.md", "gate_signal_before_after"),
-            ("docs/meaning-gate.md", "gate_signal_attributes"), ("docs/meaning-gate.md", "frugal_origin")} <= marked
+            ("docs/meaning-gate.md", "gate_signal_attributes"), ("docs/meaning-gate.md", "frugal_origin"),
+            ("docs/meaning-gate.md", "gate_choices"), ("docs/meaning-gate.md", "gate_choices_calibration")} <= marked
 
 
 def _page(root: Path, run: dict) -> Path:
@@ -159,6 +160,9 @@ def test_frugal_origin_reads_calibrates_report():
     assert dt.frugal_origin(_calibration(met=False))[2].startswith(
         "| calibration half: none qualified (k 10, upload 0.704, verify 0.403; within 3 points, margin z = 1: the best;")
     assert dt.frugal_origin(_calibration(gate=False))[2].startswith("| no meaning gate fitted (`--no-gate`) |")
+    one = _calibration()
+    one["gate"]["points"] = 1.0
+    assert "; within 1 point, margin z = 1 |" in dt.frugal_origin(one)[2]
 
 
 def test_gate_choices_rows_against_cloud_only():
@@ -167,6 +171,9 @@ def test_gate_choices_rows_against_cloud_only():
            "cloud_work_tokens_per_clip": 322.5625}
     frugal = {"zero_cloud_share": 0.1875, "accuracy": 95.13888, "calls_per_token": 0.095760, "bytes_up_per_clip": 96193.125,
               "cloud_work_tokens_per_clip": 248.02083}
-    rows = dt.gate_choices({"measurement": {"cloud-only": row, "meaning-3 (k=12)": frugal}})
+    run = {"measurement": {"cloud-only": row, "meaning-3 (k=12)": frugal}, "calibration": {"cloud-only": frugal}}
+    rows = dt.gate_choices(run)
+    assert rows[0].startswith("| setting (measurement set) |")
     assert rows[2:] == ["| cloud-only | 0.0 % | 97.9 % | — | 0.965 | 133,809 | 322.6 |",
                         "| meaning-3 (k=12) | 18.8 % | 95.1 % | \u22122.8 | 0.096 | 96,193 | 248.0 |"]
+    assert dt.gate_choices_calibration(run)[2:] == ["| cloud-only | 18.8 % | 95.1 % | — | 0.096 | 96,193 | 248.0 |"]
