@@ -35,7 +35,10 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
     dt = tables_module()
     marked = {(str(t.page.relative_to(ROOT)), t.renderer) for p in dt.pages() for t in dt.tables(p)}
     assert {("docs/demo-pair.md", "demo_models"), ("docs/meaning-gate.md", "gate_signal"),
-            ("docs/meaning-gate.md", "gate_signal_noised")} <= marked
+            ("docs/meaning-gate.md", "gate_signal_v2"), ("docs/meaning-gate.md", "gate_signal_noised"),
+            ("docs/meaning-gate.md", "gate_signal_goal"), ("docs/meaning-gate.md", "gate_signal_before_after"),
+            ("docs/meaning-gate.md", "gate_signal_attributes"), ("docs/meaning-gate.md", "frugal_origin"),
+            ("docs/meaning-gate.md", "gate_choices"), ("docs/meaning-gate.md", "gate_choices_calibration")} <= marked
     # docs/benchmarks.md: every section that quotes the demo pair
     assert {("docs/benchmarks.md", r) for r in ("eval_modes", "bench_identity", "bench_gated", "bench_cloud_work",
                                                  "batched", "remote", "server_batching", "server_batching_wider",
@@ -169,3 +172,88 @@ def test_the_readme_api_output_is_rewritten_from_a_run(tmp_path):
     (tmp_path / "README.md").write_text("# x\n\n## Python API\n\nno example\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="lost its"):
         de.check(tmp_path)
+
+def _signals(**aucs):
+    """A bench/gate_signal.py set with the given signals: name=(auc, auc_se, kept 20 %, kept 30 %)."""
+    return {name: {"auc": a, "auc_se": se, "kept_vs_cloud_points": {"10%": 0.0, "20%": k20, "30%": k30}}
+            for name, (a, se, k20, k30) in aucs.items()}
+
+
+def test_gate_signal_goal_names_the_best_fresh_signal_and_says_whether_it_is_met():
+    dt = tables_module()
+    run = {"calibration": {"signals": _signals(confidence=(0.71, 0.04, 0, 0), probe=(0.69, 0.04, 0, 0))},
+           "measurement": {"signals": _signals(confidence=(0.687, 0.05, 0, 0), probe=(0.828, 0.0408, 0, 0))}}
+    assert dt.gate_signal_goal(run)[2] == "| `probe` | 0.83 ± 0.04 | 0.69 | ≥ 0.85 | **no** |"
+    run["measurement"]["signals"]["confidence"]["auc"] = 0.851
+    assert dt.gate_signal_goal(run)[2] == "| `confidence` | 0.85 ± 0.05 | 0.71 | ≥ 0.85 | yes |"
+
+
+def test_gate_signal_before_after_pairs_the_fresh_set_of_both_runs():
+    dt = tables_module()
+
+    def run(acc, good, conf, probe=None):
+        sig = {"confidence": conf} if probe is None else {"confidence": conf, "value_probe": probe}
+        return {"measurement": {"clips": 96, "edge_accuracy": acc, "cloud_accuracy": 97.92, "edge_as_good_as_cloud": good,
+                                "signals": _signals(**sig)}}
+
+    rows = dt.gate_signal_before_after(run(84.38, 45, (0.572, 0.06, -1.39, -3.3)),
+                                       run(89.41, 60, (0.687, 0.05, -0.35, -0.52), (0.75, 0.05, -0.17, -0.5)))
+    assert rows[2:] == ["| mean attribute accuracy (cloud-only: 97.9 %) | 84.4 % | 89.4 % |",
+                        "| clips whose edge answer is as good as cloud-only's | 45 / 96 | 60 / 96 |",
+                        "| `confidence` | AUC 0.57, 20 % kept \u22121.4 | AUC 0.69, 20 % kept \u22120.3 |"]  # value_probe: v3 only
+
+
+def test_gate_signal_attributes_rows():
+    dt = tables_module()
+
+    def part(acc, a, known):
+        return {"attributes": {"rate": {"edge_accuracy": acc, "value_confidence_auc": a,
+                                        "value_confidence_auc_if_known": known}}}
+
+    rows = dt.gate_signal_attributes({"measurement": part(72.92, 0.647, 0.76)},
+                                     {"calibration": part(67.19, 0.665, 0.946), "measurement": part(70.83, None, 0.887)})
+    assert rows[2:] == ["| rate | 72.9 → 70.8 % | 0.65 → — | 0.95 / 0.89 |"]
+
+
+def _calibration(met=True, gate=True):
+    report = {"measure": "labels", "n_calib": 48, "n_check": 48, "choices": [],
+              "settings": [{"name": "cloud-only", "mode": "cloud", "k": 4, "verify": "entropy",
+                            "calibration": {"quality": 97.9, "call_rate": 0.965}, "check": {"quality": 98.3, "call_rate": 0.96}},
+                           {"name": "meaning k10 u0.704", "mode": "spec", "k": 10, "verify": "meaning",
+                            "gate_upload": 0.70412, "gate_verify": 0.40288,
+                            "calibration": {"quality": 97.2, "call_rate": 0.08}, "check": {"quality": 98.0, "call_rate": 0.08}}],
+              "gate": {"name": "frugal", "points": 3.0, "met": met, "margin": 1.0, "setting": "meaning k10 u0.704",
+                       "calibration": {"quality": 97.2, "call_rate": 0.0791, "zero_cloud_share": 0.20833, "work_per_clip": 190.25},
+                       "check": {"quality": 98.0, "call_rate": 0.0853, "zero_cloud_share": 0.125, "work_per_clip": 230.0},
+                       "swaps": 900, "weights": 12}}
+    if not gate:
+        report["gate"] = None
+    return report
+
+
+def test_frugal_origin_reads_calibrates_report():
+    dt = tables_module()
+    assert dt.frugal_origin(_calibration())[2:] == [
+        "| calibration half: k 10, upload 0.704, verify 0.403; within 3 points, margin z = 1 | 48 | 20.8 % | 97.2 | "
+        "\u22120.7 | 0.079 | 190.2 |",
+        "| check half (not chosen on) | 48 | 12.5 % | 98.0 | \u22120.3 | 0.085 | 230.0 |"]
+    assert dt.frugal_origin(_calibration(met=False))[2].startswith(
+        "| calibration half: none qualified (k 10, upload 0.704, verify 0.403; within 3 points, margin z = 1: the best;")
+    assert dt.frugal_origin(_calibration(gate=False))[2].startswith("| no meaning gate fitted (`--no-gate`) |")
+    one = _calibration()
+    one["gate"]["points"] = 1.0
+    assert "; within 1 point, margin z = 1 |" in dt.frugal_origin(one)[2]
+
+
+def test_gate_choices_rows_against_cloud_only():
+    dt = tables_module()
+    row = {"zero_cloud_share": 0.0, "accuracy": 97.91666, "calls_per_token": 0.96501, "bytes_up_per_clip": 133809.02,
+           "cloud_work_tokens_per_clip": 322.5625}
+    frugal = {"zero_cloud_share": 0.1875, "accuracy": 95.13888, "calls_per_token": 0.095760, "bytes_up_per_clip": 96193.125,
+              "cloud_work_tokens_per_clip": 248.02083}
+    run = {"measurement": {"cloud-only": row, "meaning-3 (k=12)": frugal}, "calibration": {"cloud-only": frugal}}
+    rows = dt.gate_choices(run)
+    assert rows[0].startswith("| setting (measurement set) |")
+    assert rows[2:] == ["| cloud-only | 0.0 % | 97.9 % | — | 0.965 | 133,809 | 322.6 |",
+                        "| meaning-3 (k=12) | 18.8 % | 95.1 % | \u22122.8 | 0.096 | 96,193 | 248.0 |"]
+    assert dt.gate_choices_calibration(run)[2:] == ["| cloud-only | 18.8 % | 95.1 % | — | 0.096 | 96,193 | 248.0 |"]
