@@ -3,7 +3,8 @@ its JSON says (issue 34, item 4: a stale figure cannot land).
 
 A generated table in a markdown page is the block of `|` lines after a marker comment (and one
 blank line) naming
-its renderer and the JSON file(s) it is drawn from (paths from the repository root):
+its renderer and the JSON file(s) it is drawn from (paths from the repository root; a `.toml`
+source, such as a presets file, is read as TOML):
 
     <!-- table: gate_signal docs/bench-gate-signal.json docs/bench-gate-signal-probe600.json -->
 
@@ -15,6 +16,9 @@ its renderer and the JSON file(s) it is drawn from (paths from the repository ro
 Rerun the bench that writes a JSON, then `--write`: the table follows, and tests/test_doc_tables.py
 fails while any marked table differs from what its renderer makes of its JSON. Prose around a
 table is not checked; the figures a table holds are.
+
+A page that is wholly a report (GENERATED_PAGES: docs/eval-samples.md, the Markdown `specdec eval
+--report` writes beside its JSON) is checked whole against the library's own rendering of its JSON.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python bench/doc_tables.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO))
 PAGES = ("README.md", "docs/*.md", "specdec_cli/demo/models/*.md")
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+)+) -->$")
 MINUS = "\u2212"  # the docs write minus signs as U+2212
@@ -139,6 +146,232 @@ def gate_signal_noised(run: dict[str, Any]) -> list[str]:
     return _signal_head("noised pair") + _signal_rows(run, GATE_SIGNAL_SHORT)
 
 
+# --- docs/benchmarks.md: the demo pair's sections ------------------------------------------------
+def eval_modes(report: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Evaluation: the samples": `specdec eval --report`'s JSON, one row a mode
+    (the sweep's points are on the report's own page)."""
+    rtt = report["settings"].get("cloud_rtt_ms") or 0
+    rows = ["| mode | accuracy | all six | one sentence | cloud calls / clip | calls / token | acceptance | "
+            "cloud work (prefill incl.) vs cloud-only: tokens · forwards | latency mean | "
+            f"with {rtt:g} ms link |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in report["modes"]:
+        if s.get("sweep"):
+            continue
+        name = f"{s['mode']} (k {s['k']})" if s["mode"] == "always" else s["mode"]
+        accept = "–" if s.get("acceptance_rate") is None else f"{pct(s['acceptance_rate'])} %"
+        rows.append(f"| {name} | {pct(s['mean_accuracy'])} % | {pct(s['all_correct_rate'])} % | "
+                    f"{100 * s['valid_rate']:.0f} % | {s['cloud_calls']:.1f} | {s['cloud_call_rate']:.3f} | {accept} | "
+                    f"{s['cloud_work_tokens_vs_cloud']:.2f} · {s['cloud_work_forwards_vs_cloud']:.2f} | "
+                    f"{s['latency_s']['mean']:.3f} s | {s['modelled_latency_s']['mean']:.3f} s |")
+    return rows
+
+
+BENCH_PLAIN = {"plain_cloud_generate": "cloud-only `generate`", "plain_hf_assisted": "HF assisted",
+               "plain_ours_always": "ours `verify=always`"}
+BENCH_RULES = {"edge": "edge-only", "cloud": "cloud-only", "fluent": "fluent", "quality": "quality",
+               "always": "`verify=always`"}
+
+
+def bench_identity(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "against HF": bench/run.py's identity section (plain greedy, rules off)."""
+    idt, modes = run["identity"], run["modes"]
+    same = {"plain_cloud_generate": "(the reference)",
+            "plain_ours_always": idt["tokens_identical_to_cloud_generate"]["ours_always"],
+            "plain_hf_assisted": idt["tokens_identical_to_cloud_generate"]["hf_assisted"]}
+    cloud_wall = modes["plain_cloud_generate"]["wall_s_per_clip"]
+    rows = ["| plain greedy, rules off | same tokens as cloud-only | cloud forwards / clip (prefill incl.) | "
+            "edge forwards / clip | edge audio tower runs / clip | wall vs cloud-only | "
+            "overhead ms / token (wall − forwards) |",
+            "|---|---|---|---|---|---|---|"]
+    for key, label in BENCH_PLAIN.items():
+        m = modes[key]
+        rows.append(f"| {label} | {same[key]} | {m['cloud_work_forwards_per_clip']:.2f} | "
+                    f"{m['edge_forwards_per_clip']:.1f} | {m['edge_audio_tower_calls_per_clip']:.0f} | "
+                    f"{m['wall_s_per_clip'] / cloud_wall:.2f}× | {m['overhead_ms_per_token']:.2f} |")
+    return rows
+
+
+def bench_gated(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "against U-HLM": bench/run.py's gated section (rules on) beside U-HLM's
+    published figures."""
+    g, modes = run["gated"], run["modes"]
+    rtt = run.get("cloud_rtt_ms") or 0
+    rows = ["| mode | accuracy (kept vs cloud-only) | cloud forwards saved vs `verify=always` · vs cloud-only | "
+            f"throughput vs cloud-only (with {rtt:g} ms link) | CPU / clip vs edge-only · vs cloud-only | "
+            "overhead ms / token |",
+            "|---|---|---|---|---|---|"]
+    for name in ("fluent", "quality"):
+        x = g[name]
+        rows.append(f"| {name} | {pct(x['mean_accuracy'])} % ({pct(x['accuracy_kept_vs_cloud_only'])} %) | "
+                    f"{pct(x['cloud_calls_saved_vs_always'])} % · {pct(x['cloud_calls_saved_vs_cloud_only'])} % | "
+                    f"{x['throughput_x_vs_cloud_only']:.2f}× ({x['modelled_throughput_x_vs_cloud_only']:.2f}×) | "
+                    f"{x['cpu_x_vs_edge_only']:.2f}× · {x['cpu_x_vs_cloud_only']:.2f}× | "
+                    f"{modes[name]['overhead_ms_per_token']:.2f} |")
+    for name in ("edge", "cloud", "always"):
+        m = modes[name]
+        rows.append(f"| {BENCH_RULES[name]} | {pct(m['mean_accuracy'])} % | – | – | – | {m['overhead_ms_per_token']:.2f} |")
+    u = g["u_hlm_published"]
+    rows.append(f"| U-HLM, published | ({pct(u['accuracy_kept'])} %) | {pct(u['llm_verifications_saved'])} % · – | "
+                f"{u['throughput_x']:.2f}× | – | – |")
+    return rows
+
+
+def bench_cloud_work(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Cloud work, prefill included": every mode of bench/run.py, against
+    cloud-only with the same rules (plain rows against plain cloud-only `generate`)."""
+    modes = run["modes"]
+    rows = ["| mode | prefill tokens | work tokens | work forwards | work tokens / cloud-only | "
+            "work forwards / cloud-only | clips with no cloud work |",
+            "|---|---|---|---|---|---|---|"]
+    for labels, ref in ((BENCH_PLAIN, modes["plain_cloud_generate"]), (BENCH_RULES, modes["cloud"])):
+        for key, label in labels.items():
+            m = modes[key]
+            label = f"{label}, plain" if labels is BENCH_PLAIN else label
+            rows.append(f"| {label} | {m['cloud_prefill_tokens_per_clip']:.1f} | {m['cloud_work_tokens_per_clip']:.1f} | "
+                        f"{m['cloud_work_forwards_per_clip']:.2f} | "
+                        f"{m['cloud_work_tokens_per_clip'] / ref['cloud_work_tokens_per_clip']:.2f} | "
+                        f"{m['cloud_work_forwards_per_clip'] / ref['cloud_work_forwards_per_clip']:.2f} | "
+                        f"{100 * m['no_cloud_share']:.0f} % |")
+    return rows
+
+
+def batched(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Many clips at once": bench/batched.py on the bundled pair (the default
+    batch size, 8, in bold)."""
+    rows = ["| batch size | clips/s (CPU) | × vs batch 1 | prefill share | decode ms/clip | × decode | × wall | same tokens |",
+            "|---|---|---|---|---|---|---|---|"]
+    clips = run["bundled_pair"]["clips"]
+    for size, b in run["bundled_pair"]["by_batch_size"].items():
+        label = "single-clip loop" if size == "loop" else (f"**{size}**" if size == "8" else size)
+        speed = f"**{b['speedup_cpu']:.2f}**" if size == "8" else f"{b['speedup_cpu']:.2f}"
+        rows.append(f"| {label} | {b['clips_per_s_cpu']:.1f} | {speed} | {100 * b['prefill_cpu_share']:.0f} % | "
+                    f"{b['decode_cpu_ms_per_clip']:.1f} | {b['decode_speedup_cpu']:.2f} | {b['speedup_wall']:.2f} | "
+                    f"{b['identical']}/{clips} |")
+    return rows
+
+
+def remote(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "The link on loopback": bench/remote.py, per clip, means."""
+    delays = [d for d in run["delays_ms"] if d]
+    rows = ["| mode | same tokens | up kB | down kB | round trips | cloud calls | in process s | loopback s | "
+            + " | ".join(f"+{d:g} ms: measured / predicted s" for d in delays) + " |",
+            "|" + "---|" * (8 + len(delays))]
+    for name, m in run["modes"].items():
+        cells = [f"{m['remote_s'][f'{d:g}ms']:.3f} / {m['predicted_s'][f'{d:g}ms']:.3f}" for d in delays]
+        rows.append(f"| {name} | {m['same_tokens']} | {m['uplink_bytes'] / 1000:.1f} | {m['downlink_bytes'] / 1000:.2f} | "
+                    f"{m['round_trips']:.2f} | {m['cloud_calls']:.2f} | {m['in_process_s']:.3f} | "
+                    f"{m['remote_s']['0ms']:.3f} ({m['remote_vs_in_process']:.2f}×) | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _server_rows(runs: dict[str, Any]) -> list[str]:
+    rows = ["| sessions | requests | one at a time: verif/s · p50/p95 ms · server CPU ms | batched: verif/s · "
+            "p50/p95 ms · server CPU ms · mean batch | × verif/s | × CPU |",
+            "|---:|---|---|---|---:|---:|"]
+
+    def side(r: dict[str, Any]) -> str:
+        return (f"{r['verifications_per_s']:.1f} · {r['p50_ms']:.0f}/{r['p95_ms']:.0f} · "
+                f"{r['server_cpu_ms_per_verification']:.2f}")
+
+    for n, run in runs.items():
+        for phase, label in (("all", "all"), ("continuing", "after the prefill")):
+            x = run["speedup"][phase]
+            speed = f"**{x['verifications_per_s']:.2f}**" if (n, phase) == ("8", "all") else f"{x['verifications_per_s']:.2f}"
+            rows.append(f"| {n} | {label} | {side(run['one_at_a_time'][phase])} | {side(run['batched'][phase])} · "
+                        f"{run['batched']['mean_batch']:.2f} | {speed} | {x['server_cpu']:.2f} |")
+    return rows
+
+
+def server_batching(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Many sessions, one forward": bench/server_batching.py on the bundled cloud."""
+    return _server_rows(run["runs"])
+
+
+def server_batching_wider(run: dict[str, Any]) -> list[str]:
+    """The same run's replay against a wider random cloud (`--wider`)."""
+    return _server_rows(run["wider_cloud"]["runs"])
+
+
+def server_windows(run: dict[str, Any]) -> list[str]:
+    """The same run's window sweep at 8 sessions (batched server)."""
+    rows = ["| window ms | verif/s | server CPU ms / verif | mean batch |", "|---:|---:|---:|---:|"]
+    for w, r in run["windows_at_8"].items():
+        rows.append(f"| {w} | {r['all']['verifications_per_s']:.1f} | {r['all']['server_cpu_ms_per_verification']:.2f} | "
+                    f"{r['mean_batch']:.2f} |")
+    return rows
+
+
+LOOP_ROWS = {
+    "spec_edge_only_threshold_inf": "`threshold=inf` (edge only through the loop)",
+    "spec_verify_always_twin": "`verify=always`, cloud drafting for itself (every draft accepted)",
+    "spec_verify_always": "`verify=always` (152k: a random pair, nearly every draft rejected; demo: its own edge drafting)",
+    "spec_verify_always_sample": "`verify=always --sample`",
+}
+
+
+def loop_overhead(wide: dict[str, Any], demo: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "The loop outside the forwards": bench/vocab152k.py's overhead per output
+    token (process CPU clock), the random 152k pair from one run and the demo pair from another."""
+    w, d = wide["overhead"]["vocab152k"], demo["overhead"]["demo"]
+
+    def ms(m: dict[str, Any]) -> str:
+        return f"{m['overhead_cpu_ms_per_token']:.2f} ms"
+
+    rows = ["| mode | 152k random pair | demo pair |", "|---|---|---|"]
+    rows += [f"| {label} | {ms(w[key])} | {ms(d[key])} |" for key, label in LOOP_ROWS.items()]
+    rows.append(f"| HF `generate` with the same processors, cloud / edge | {ms(w['hf_generate_cloud_only'])[:-3]} / "
+                f"{ms(w['hf_generate_edge_only'])} | {ms(d['hf_generate_cloud_only'])[:-3]} / {ms(d['hf_generate_edge_only'])} |")
+    return rows
+
+
+def _ray_label(config: str) -> str:
+    kind, _, batch = config.partition("_b")
+    rows = f"batch {batch}" if batch else "one at a time"
+    if kind == "single":
+        return "single process, " + (f"`--batch-size {batch}`" if batch else "one clip at a time")
+    workers = int(kind.removeprefix("ray_"))
+    return f"Ray, {workers} worker{'s' if workers > 1 else ''}, {rows}"
+
+
+def ray_batch(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Ray workers": bench/ray_batch.py's medians, in process."""
+    rows = [f"| run ({run['clips']} clips) | wall s | start-up s | clips/s | clips/s once loaded | "
+            "× single, once loaded | CPU ms / clip |", "|---|---|---|---|---|---|---|"]
+    for config, m in run["median"].items():
+        x = run["x_vs_single"].get(config, {"loaded_clips_per_s": 1.0})["loaded_clips_per_s"]
+        rows.append(f"| {_ray_label(config)} | {m['wall_s']:.1f} | {m['loaded_s']:.1f} | {m['clips_per_s']:.1f} | "
+                    f"{m['loaded_clips_per_s']:.1f} | {x:.2f} | {m['decode_cpu_ms_per_clip']:.1f} |")
+    return rows
+
+
+def ray_batch_cli(run: dict[str, Any]) -> list[str]:
+    """The same run's real commands in fresh processes, once each."""
+    rows = ["| command | wall s | × `--batch-size 1` |", "|---|---|---|"]
+    for config, m in run["cli"].items():
+        kind, _, batch = config.partition("_b")
+        flags = f"--batch-size {batch}" if kind == "single" else f"--ray auto --workers {kind.removeprefix('ray_')}"
+        rows.append(f"| `specdec batch DIR --out F {flags}` | {m['wall_s']:.1f} | {m['x_vs_single_b1']:.2f} |")
+    return rows
+
+
+DEMO_PRESETS = "specdec_cli/demo/models/edge/specdec_presets.toml"
+
+
+def demo_presets(presets: dict[str, Any]) -> list[str]:
+    """docs/usage.md: the bundled pair's presets as `specdec presets` lists them, from the presets
+    file itself (a TOML source: `make presets` writes it)."""
+    rows = ["| preset | threshold | k | uncertainty | verify | source |", "|---|---|---|---|---|---|"]
+    for name in ("fluent", "quality", *sorted(set(presets) - {"fluent", "quality", "gate"})):
+        p = presets[name]
+        over = f" (over `configs/{name}.toml`)" if (REPO / "configs" / f"{name}.toml").is_file() else ""
+        gate = (f"; the [meaning gate](meaning-gate.md): `gate_upload` {p['gate_upload']:g}, "
+                f"`gate_verify` {p['gate_verify']:g}" if p.get("verify") == "meaning" else "")
+        rows.append(f"| {name} | {p['threshold']:g} | {p['k']} | {p['uncertainty']} | {p['verify']} | "
+                    f"`{DEMO_PRESETS}`{over}: {p['description']}{gate} |")
+    return rows
+
+
 def gate_signal_before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """docs/meaning-gate.md section 11, issue 34 item 3: the same fresh measurement set under the
     v2 edge (`before`) and the v3 edge (`after`), every signal both runs have."""
@@ -241,6 +474,19 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "gate_signal": gate_signal,
     "gate_signal_v2": gate_signal_v2,
     "gate_signal_noised": gate_signal_noised,
+    "eval_modes": eval_modes,
+    "bench_identity": bench_identity,
+    "bench_gated": bench_gated,
+    "bench_cloud_work": bench_cloud_work,
+    "batched": batched,
+    "remote": remote,
+    "server_batching": server_batching,
+    "server_batching_wider": server_batching_wider,
+    "server_windows": server_windows,
+    "loop_overhead": loop_overhead,
+    "demo_presets": demo_presets,
+    "ray_batch": ray_batch,
+    "ray_batch_cli": ray_batch_cli,
     "gate_signal_before_after": gate_signal_before_after,
     "gate_signal_attributes": gate_signal_attributes,
     "gate_signal_goal": gate_signal_goal,
@@ -248,6 +494,33 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "gate_choices": gate_choices,
     "gate_choices_calibration": gate_choices_calibration,
 }
+
+
+
+
+def eval_page(report: dict[str, Any]) -> str:
+    """The Markdown `specdec eval --report` writes beside its JSON (the library's renderer)."""
+    from specdec_cli.evaluate import markdown
+
+    return markdown(report)
+
+
+# page -> (its JSON, the page's whole text from it); paths from the repository root
+GENERATED_PAGES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "docs/eval-samples.md": ("docs/eval-samples.json", eval_page),
+}
+
+
+def _generated(root: Path) -> list[tuple[Path, str]]:
+    """(page, what it should say) for each generated page that exists under root."""
+    out = []
+    for page, (source, renderer) in GENERATED_PAGES.items():
+        if (root / page).is_file():
+            path = root / source
+            if not path.is_file():
+                raise SystemExit(f"{page}: {source} does not exist (paths are from the repository root)")
+            out.append((root / page, renderer(json.loads(path.read_text(encoding="utf-8")))))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +564,8 @@ def render(table: Table, root: Path = REPO) -> list[str]:
         path = root / source
         if not path.is_file():
             raise SystemExit(f"{table.where()}: {source} does not exist (paths are from the repository root)")
-        docs.append(json.loads(path.read_text(encoding="utf-8")))
+        text = path.read_text(encoding="utf-8")
+        docs.append(tomllib.loads(text) if path.suffix == ".toml" else json.loads(text))
     return RENDERERS[table.renderer](*docs)
 
 
@@ -310,6 +584,10 @@ def stale(root: Path = REPO) -> list[str]:
                              min(len(t.lines), len(want)))
                 out.append(f"{t.where()}: the {t.renderer} table differs from {' + '.join(t.sources)} "
                            f"at its row {first + 1}: rerun `python bench/doc_tables.py --write`")
+    for page, want in _generated(root):
+        if page.read_text(encoding="utf-8") != want:
+            out.append(f"{page.relative_to(root)}: differs from {GENERATED_PAGES[str(page.relative_to(root))][0]} "
+                       "(the page is the report's Markdown): rerun `python bench/doc_tables.py --write`")
     return out
 
 
@@ -327,6 +605,10 @@ def write(root: Path = REPO) -> list[str]:
         if here:
             page.write_text("".join(text), encoding="utf-8")
             changed += reversed(here)
+    for page, want in _generated(root):
+        if page.read_text(encoding="utf-8") != want:
+            page.write_text(want, encoding="utf-8")
+            changed.append(str(page.relative_to(root)))
     return changed
 
 

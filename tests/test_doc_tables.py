@@ -39,6 +39,36 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
             ("docs/meaning-gate.md", "gate_signal_goal"), ("docs/meaning-gate.md", "gate_signal_before_after"),
             ("docs/meaning-gate.md", "gate_signal_attributes"), ("docs/meaning-gate.md", "frugal_origin"),
             ("docs/meaning-gate.md", "gate_choices"), ("docs/meaning-gate.md", "gate_choices_calibration")} <= marked
+    # docs/benchmarks.md: every section that quotes the demo pair
+    assert {("docs/benchmarks.md", r) for r in ("eval_modes", "bench_identity", "bench_gated", "bench_cloud_work",
+                                                 "batched", "remote", "server_batching", "server_batching_wider",
+                                                 "server_windows", "loop_overhead", "ray_batch",
+                                                 "ray_batch_cli")} <= marked
+    assert ("docs/usage.md", "demo_presets") in marked
+    assert "docs/eval-samples.md" in dt.GENERATED_PAGES
+
+
+def test_a_generated_page_is_checked_whole_and_rewritten(tmp_path):
+    """docs/eval-samples.md is the Markdown `specdec eval --report` writes: a figure edited by hand
+    on the page, or a JSON rerun without the page, is caught; --write makes it the library's again."""
+    from specdec_cli.evaluate import markdown
+
+    dt = tables_module()
+    report = json.loads((ROOT / "docs/eval-samples.json").read_text(encoding="utf-8"))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/eval-samples.json").write_text(json.dumps(report), encoding="utf-8")
+    page = tmp_path / "docs/eval-samples.md"
+    page.write_text(markdown(report), encoding="utf-8")
+    assert dt.stale(tmp_path) == []
+    page.write_text(markdown(report).replace("| cloud | ", "| cloud | 1", 1), encoding="utf-8")
+    problems = dt.stale(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("docs/eval-samples.md: differs from docs/eval-samples.json")
+    assert dt.write(tmp_path) == ["docs/eval-samples.md"]
+    assert page.read_text(encoding="utf-8") == markdown(report) and dt.stale(tmp_path) == []
+    moved = copy.deepcopy(report)
+    moved["modes"][0]["mean_accuracy"] = 0.5
+    (tmp_path / "docs/eval-samples.json").write_text(json.dumps(moved), encoding="utf-8")
+    assert len(dt.stale(tmp_path)) == 1
 
 
 def _page(root: Path, run: dict) -> Path:
@@ -86,12 +116,62 @@ def test_signed_writes_the_docs_minus_and_no_negative_zero():
     assert [dt.signed(x) for x in (0.87, -1.74, -0.04, 0.0)] == ["+0.9", "\u22121.7", "0.0", "0.0"]
 
 
+def test_the_benchmark_renderers_quote_their_json():
+    """Independent of the renderers' own arithmetic: cells read back against the JSON's values."""
+    dt = tables_module()
+    run = {"cloud_rtt_ms": 50.0, "modes": {}}
+    for key in (*dt.BENCH_PLAIN, *dt.BENCH_RULES):
+        cloud_only = key in ("plain_cloud_generate", "cloud")
+        run["modes"][key] = {"cloud_prefill_tokens_per_clip": 0.0 if key == "edge" else 200.0,
+                             "cloud_work_tokens_per_clip": 250.0 if cloud_only else (0.0 if key == "edge" else 275.0),
+                             "cloud_work_forwards_per_clip": 25.0 if cloud_only else (0.0 if key == "edge" else 5.0),
+                             "no_cloud_share": 1.0 if key == "edge" else 0.25 if key == "quality" else 0.0}
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in dt.bench_cloud_work(run)[2:]}
+    assert rows["quality"] == "| quality | 200.0 | 275.0 | 5.00 | 1.10 | 0.20 | 25 % |"
+    assert rows["edge-only"] == "| edge-only | 0.0 | 0.0 | 0.00 | 0.00 | 0.00 | 100 % |"
+    remote = json.loads((ROOT / "docs/bench-remote.json").read_text(encoding="utf-8"))
+    table = dt.remote(remote)
+    m = remote["modes"]["quality"]
+    row = next(r for r in table if r.startswith("| quality |"))
+    assert f"{m['round_trips']:.2f} | {m['cloud_calls']:.2f}" in row
+    assert row.endswith(f"{m['remote_s']['50ms']:.3f} / {m['predicted_s']['50ms']:.3f} |")
+    assert len(table) == 2 + len(remote["modes"]) and table[0].count("|") == table[1].count("|")
+
+
 def test_the_command_checks_the_repository():
     run = subprocess.run([sys.executable, str(ROOT / "bench/doc_tables.py")], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "marked tables match their JSON" in run.stdout
 
+
+def examples_module():
+    spec = importlib.util.spec_from_file_location("doc_examples_bench", ROOT / "bench/doc_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_api_output_is_rewritten_from_a_run(tmp_path):
+    """bench/doc_examples.py on a README of its own (an example that needs no model, reading a file
+    relative to the checkout as the real one reads samples/): a stale output block is caught and
+    replaced by what the code prints; the rest of the README is kept byte for byte. The real
+    README's example is run against its output by tests/test_api.py."""
+    de = examples_module()
+    (tmp_path / "data.txt").write_text("说话人是女声\n", encoding="utf-8")
+    head = "# x\n\n## Python API\n\nProse.\n\n<!-- --8<-- [start:api] -->\n```python\n"
+    code = "from pathlib import Path\nprint(Path('data.txt').read_text(encoding='utf-8').strip())\nprint(1 + 1, 'blocks')\n"
+    tail = "```\n<!-- --8<-- [end:api] -->\n\n## Next\n\n```text\nnot this one\n```\n"
+    (tmp_path / "README.md").write_text(head + code + "```\n\nOutput:\n\n```text\n说话人是男声\n3 blocks\n" + tail,
+                                        encoding="utf-8")
+    assert de.check(tmp_path) is not None
+    assert de.write(tmp_path) is True
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == (
+        head + code + "```\n\nOutput:\n\n```text\n说话人是女声\n2 blocks\n" + tail)
+    assert de.check(tmp_path) is None and de.write(tmp_path) is False
+    (tmp_path / "README.md").write_text("# x\n\n## Python API\n\nno example\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="lost its"):
+        de.check(tmp_path)
 
 def _signals(**aucs):
     """A bench/gate_signal.py set with the given signals: name=(auc, auc_se, kept 20 %, kept 30 %)."""
