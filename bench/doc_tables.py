@@ -3,7 +3,8 @@ its JSON says (issue 34, item 4: a stale figure cannot land).
 
 A generated table in a markdown page is the block of `|` lines after a marker comment (and one
 blank line) naming
-its renderer and the JSON file(s) it is drawn from (paths from the repository root):
+its renderer and the JSON file(s) it is drawn from (paths from the repository root; a `.toml`
+source, such as a presets file, is read as TOML):
 
     <!-- table: gate_signal docs/bench-gate-signal.json docs/bench-gate-signal-probe600.json -->
 
@@ -15,6 +16,9 @@ its renderer and the JSON file(s) it is drawn from (paths from the repository ro
 Rerun the bench that writes a JSON, then `--write`: the table follows, and tests/test_doc_tables.py
 fails while any marked table differs from what its renderer makes of its JSON. Prose around a
 table is not checked; the figures a table holds are.
+
+A page that is wholly a report (GENERATED_PAGES: docs/eval-samples.md, the Markdown `specdec eval
+--report` writes beside its JSON) is checked whole against the library's own rendering of its JSON.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python bench/doc_tables.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO))
 PAGES = ("README.md", "docs/*.md", "specdec_cli/demo/models/*.md")
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+)+) -->$")
 MINUS = "\u2212"  # the docs write minus signs as U+2212
@@ -76,12 +83,22 @@ def demo_models(report: dict[str, Any]) -> list[str]:
 
 GATE_SIGNAL_LABELS = {
     "confidence": "`confidence`: Σ log max p over the answer",
-    "meaning": "`meaning`: −Σ m over the answer (the bundled `[gate]`)",
+    "value_confidence": "`value_confidence`: Σ log max p over the attribute-value tokens only",
+    "value_min": "`value_min`: the least sure attribute's value log-likelihood",
+    "meaning": "`meaning`: −Σ m over the answer (the pair's `[gate]`)",
     "consistency": "`consistency`: same outcome on 4 perturbed copies",
     "probe": "`probe`: linear head on the answer's hidden states (cal: 8-fold cross-validated)",
+    "value_probe": "`value_probe`: linear head on per-attribute value log-likelihoods and entropies "
+                   "(cal: 8-fold cross-validated)",
 }
-GATE_SIGNAL_SHORT = {"confidence": "`confidence`", "meaning": "`meaning` (the bundled `[gate]`)",
-                     "consistency": "`consistency`", "probe": "`probe`"}
+GATE_SIGNAL_SHORT = {"confidence": "`confidence`", "value_confidence": "`value_confidence`",
+                     "value_min": "`value_min`", "meaning": "`meaning` (the pair's `[gate]`)",
+                     "consistency": "`consistency`", "probe": "`probe`", "value_probe": "`value_probe`"}
+DASH = "—"
+
+
+def _auc(x: float | None) -> str:
+    return DASH if x is None else f"{x:.2f}"
 
 
 def _signal_rows(run: dict[str, Any], labels: dict[str, str]) -> list[str]:
@@ -91,27 +108,37 @@ def _signal_rows(run: dict[str, Any], labels: dict[str, str]) -> list[str]:
         if name in cal and name in meas:
             kept = [f"{signed(cal[name]['kept_vs_cloud_points'][s])} / {signed(meas[name]['kept_vs_cloud_points'][s])}"
                     for s in ("20%", "30%")]
-            rows.append(f"| {label} | {cal[name]['auc']:.2f} / {meas[name]['auc']:.2f} | {kept[0]} | {kept[1]} |")
+            rows.append(f"| {label} | {_auc(cal[name]['auc'])} / {_auc(meas[name]['auc'])} | {kept[0]} | {kept[1]} |")
     return rows
 
 
-def _signal_head(pair: str) -> list[str]:
-    return [f"| signal ({pair}) | AUC cal / meas | 20 % kept: cal / meas | 30 % kept: cal / meas |",
+def _signal_head(pair: str, meas: str = "meas") -> list[str]:
+    return [f"| signal ({pair}) | AUC cal / {meas} | 20 % kept: cal / {meas} | 30 % kept: cal / {meas} |",
             "|---|---|---|---|"]
 
 
-def gate_signal(run: dict[str, Any], probe600: dict[str, Any] | None = None) -> list[str]:
-    """docs/meaning-gate.md section 11: every signal of bench/gate_signal.py on the bundled pair,
-    the probe fitted on other clips (a second run's measurement set, if given), and the oracle."""
-    rows = _signal_head("the bundled pair") + _signal_rows(run, GATE_SIGNAL_LABELS)
+def _oracle_row(run: dict[str, Any]) -> str:
+    o = [run[s]["oracle"]["kept_vs_cloud_points"] for s in ("calibration", "measurement")]
+    return (f"| oracle (the truth) | 1 / 1 | {signed(o[0]['20%'])} / {signed(o[1]['20%'])} | "
+            f"{signed(o[0]['30%'])} / {signed(o[1]['30%'])} |")
+
+
+def gate_signal(run: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 11: every signal of bench/gate_signal.py on the bundled (v3)
+    pair, calibration set / fresh measurement set, and the oracle."""
+    return _signal_head("the bundled pair, v3", "fresh") + _signal_rows(run, GATE_SIGNAL_LABELS) + [_oracle_row(run)]
+
+
+def gate_signal_v2(run: dict[str, Any], probe600: dict[str, Any] | None = None) -> list[str]:
+    """docs/meaning-gate.md section 11, the v2 pair kept for comparison: every signal, the probe
+    fitted on other clips (a second run's measurement set, if given), and the oracle."""
+    rows = _signal_head("v2 pair") + _signal_rows(run, GATE_SIGNAL_LABELS)
     if probe600 is not None:
         p = probe600["measurement"]["signals"]["probe"]
-        rows.append(f"| the same probe fitted on 600 other held-out clips | — / {p['auc']:.2f} | "
-                    f"— / {signed(p['kept_vs_cloud_points']['20%'])} | — / {signed(p['kept_vs_cloud_points']['30%'])} |")
-    o = [run[s]["oracle"]["kept_vs_cloud_points"] for s in ("calibration", "measurement")]
-    rows.append(f"| oracle (the truth) | 1 / 1 | {signed(o[0]['20%'])} / {signed(o[1]['20%'])} | "
-                f"{signed(o[0]['30%'])} / {signed(o[1]['30%'])} |")
-    return rows
+        rows.append(f"| the same probe fitted on 600 other held-out clips | {DASH} / {p['auc']:.2f} | "
+                    f"{DASH} / {signed(p['kept_vs_cloud_points']['20%'])} | "
+                    f"{DASH} / {signed(p['kept_vs_cloud_points']['30%'])} |")
+    return rows + [_oracle_row(run)]
 
 
 def gate_signal_noised(run: dict[str, Any]) -> list[str]:
@@ -308,6 +335,329 @@ def capacity_goal(*runs: dict[str, Any]) -> list[str]:
     return rows
 
 
+# --- docs/benchmarks.md: the demo pair's sections ------------------------------------------------
+def eval_modes(report: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Evaluation: the samples": `specdec eval --report`'s JSON, one row a mode
+    (the sweep's points are on the report's own page)."""
+    rtt = report["settings"].get("cloud_rtt_ms") or 0
+    rows = ["| mode | accuracy | all six | one sentence | cloud calls / clip | calls / token | acceptance | "
+            "cloud work (prefill incl.) vs cloud-only: tokens · forwards | latency mean | "
+            f"with {rtt:g} ms link |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in report["modes"]:
+        if s.get("sweep"):
+            continue
+        name = f"{s['mode']} (k {s['k']})" if s["mode"] == "always" else s["mode"]
+        accept = "–" if s.get("acceptance_rate") is None else f"{pct(s['acceptance_rate'])} %"
+        rows.append(f"| {name} | {pct(s['mean_accuracy'])} % | {pct(s['all_correct_rate'])} % | "
+                    f"{100 * s['valid_rate']:.0f} % | {s['cloud_calls']:.1f} | {s['cloud_call_rate']:.3f} | {accept} | "
+                    f"{s['cloud_work_tokens_vs_cloud']:.2f} · {s['cloud_work_forwards_vs_cloud']:.2f} | "
+                    f"{s['latency_s']['mean']:.3f} s | {s['modelled_latency_s']['mean']:.3f} s |")
+    return rows
+
+
+BENCH_PLAIN = {"plain_cloud_generate": "cloud-only `generate`", "plain_hf_assisted": "HF assisted",
+               "plain_ours_always": "ours `verify=always`"}
+BENCH_RULES = {"edge": "edge-only", "cloud": "cloud-only", "fluent": "fluent", "quality": "quality",
+               "always": "`verify=always`"}
+
+
+def bench_identity(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "against HF": bench/run.py's identity section (plain greedy, rules off)."""
+    idt, modes = run["identity"], run["modes"]
+    same = {"plain_cloud_generate": "(the reference)",
+            "plain_ours_always": idt["tokens_identical_to_cloud_generate"]["ours_always"],
+            "plain_hf_assisted": idt["tokens_identical_to_cloud_generate"]["hf_assisted"]}
+    cloud_wall = modes["plain_cloud_generate"]["wall_s_per_clip"]
+    rows = ["| plain greedy, rules off | same tokens as cloud-only | cloud forwards / clip (prefill incl.) | "
+            "edge forwards / clip | edge audio tower runs / clip | wall vs cloud-only | "
+            "overhead ms / token (wall − forwards) |",
+            "|---|---|---|---|---|---|---|"]
+    for key, label in BENCH_PLAIN.items():
+        m = modes[key]
+        rows.append(f"| {label} | {same[key]} | {m['cloud_work_forwards_per_clip']:.2f} | "
+                    f"{m['edge_forwards_per_clip']:.1f} | {m['edge_audio_tower_calls_per_clip']:.0f} | "
+                    f"{m['wall_s_per_clip'] / cloud_wall:.2f}× | {m['overhead_ms_per_token']:.2f} |")
+    return rows
+
+
+def bench_gated(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "against U-HLM": bench/run.py's gated section (rules on) beside U-HLM's
+    published figures."""
+    g, modes = run["gated"], run["modes"]
+    rtt = run.get("cloud_rtt_ms") or 0
+    rows = ["| mode | accuracy (kept vs cloud-only) | cloud forwards saved vs `verify=always` · vs cloud-only | "
+            f"throughput vs cloud-only (with {rtt:g} ms link) | CPU / clip vs edge-only · vs cloud-only | "
+            "overhead ms / token |",
+            "|---|---|---|---|---|---|"]
+    for name in ("fluent", "quality"):
+        x = g[name]
+        rows.append(f"| {name} | {pct(x['mean_accuracy'])} % ({pct(x['accuracy_kept_vs_cloud_only'])} %) | "
+                    f"{pct(x['cloud_calls_saved_vs_always'])} % · {pct(x['cloud_calls_saved_vs_cloud_only'])} % | "
+                    f"{x['throughput_x_vs_cloud_only']:.2f}× ({x['modelled_throughput_x_vs_cloud_only']:.2f}×) | "
+                    f"{x['cpu_x_vs_edge_only']:.2f}× · {x['cpu_x_vs_cloud_only']:.2f}× | "
+                    f"{modes[name]['overhead_ms_per_token']:.2f} |")
+    for name in ("edge", "cloud", "always"):
+        m = modes[name]
+        rows.append(f"| {BENCH_RULES[name]} | {pct(m['mean_accuracy'])} % | – | – | – | {m['overhead_ms_per_token']:.2f} |")
+    u = g["u_hlm_published"]
+    rows.append(f"| U-HLM, published | ({pct(u['accuracy_kept'])} %) | {pct(u['llm_verifications_saved'])} % · – | "
+                f"{u['throughput_x']:.2f}× | – | – |")
+    return rows
+
+
+def bench_cloud_work(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Cloud work, prefill included": every mode of bench/run.py, against
+    cloud-only with the same rules (plain rows against plain cloud-only `generate`)."""
+    modes = run["modes"]
+    rows = ["| mode | prefill tokens | work tokens | work forwards | work tokens / cloud-only | "
+            "work forwards / cloud-only | clips with no cloud work |",
+            "|---|---|---|---|---|---|---|"]
+    for labels, ref in ((BENCH_PLAIN, modes["plain_cloud_generate"]), (BENCH_RULES, modes["cloud"])):
+        for key, label in labels.items():
+            m = modes[key]
+            label = f"{label}, plain" if labels is BENCH_PLAIN else label
+            rows.append(f"| {label} | {m['cloud_prefill_tokens_per_clip']:.1f} | {m['cloud_work_tokens_per_clip']:.1f} | "
+                        f"{m['cloud_work_forwards_per_clip']:.2f} | "
+                        f"{m['cloud_work_tokens_per_clip'] / ref['cloud_work_tokens_per_clip']:.2f} | "
+                        f"{m['cloud_work_forwards_per_clip'] / ref['cloud_work_forwards_per_clip']:.2f} | "
+                        f"{100 * m['no_cloud_share']:.0f} % |")
+    return rows
+
+
+def batched(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Many clips at once": bench/batched.py on the bundled pair (the default
+    batch size, 8, in bold)."""
+    rows = ["| batch size | clips/s (CPU) | × vs batch 1 | prefill share | decode ms/clip | × decode | × wall | same tokens |",
+            "|---|---|---|---|---|---|---|---|"]
+    clips = run["bundled_pair"]["clips"]
+    for size, b in run["bundled_pair"]["by_batch_size"].items():
+        label = "single-clip loop" if size == "loop" else (f"**{size}**" if size == "8" else size)
+        speed = f"**{b['speedup_cpu']:.2f}**" if size == "8" else f"{b['speedup_cpu']:.2f}"
+        rows.append(f"| {label} | {b['clips_per_s_cpu']:.1f} | {speed} | {100 * b['prefill_cpu_share']:.0f} % | "
+                    f"{b['decode_cpu_ms_per_clip']:.1f} | {b['decode_speedup_cpu']:.2f} | {b['speedup_wall']:.2f} | "
+                    f"{b['identical']}/{clips} |")
+    return rows
+
+
+def remote(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "The link on loopback": bench/remote.py, per clip, means."""
+    delays = [d for d in run["delays_ms"] if d]
+    rows = ["| mode | same tokens | up kB | down kB | round trips | cloud calls | in process s | loopback s | "
+            + " | ".join(f"+{d:g} ms: measured / predicted s" for d in delays) + " |",
+            "|" + "---|" * (8 + len(delays))]
+    for name, m in run["modes"].items():
+        cells = [f"{m['remote_s'][f'{d:g}ms']:.3f} / {m['predicted_s'][f'{d:g}ms']:.3f}" for d in delays]
+        rows.append(f"| {name} | {m['same_tokens']} | {m['uplink_bytes'] / 1000:.1f} | {m['downlink_bytes'] / 1000:.2f} | "
+                    f"{m['round_trips']:.2f} | {m['cloud_calls']:.2f} | {m['in_process_s']:.3f} | "
+                    f"{m['remote_s']['0ms']:.3f} ({m['remote_vs_in_process']:.2f}×) | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _server_rows(runs: dict[str, Any]) -> list[str]:
+    rows = ["| sessions | requests | one at a time: verif/s · p50/p95 ms · server CPU ms | batched: verif/s · "
+            "p50/p95 ms · server CPU ms · mean batch | × verif/s | × CPU |",
+            "|---:|---|---|---|---:|---:|"]
+
+    def side(r: dict[str, Any]) -> str:
+        return (f"{r['verifications_per_s']:.1f} · {r['p50_ms']:.0f}/{r['p95_ms']:.0f} · "
+                f"{r['server_cpu_ms_per_verification']:.2f}")
+
+    for n, run in runs.items():
+        for phase, label in (("all", "all"), ("continuing", "after the prefill")):
+            x = run["speedup"][phase]
+            speed = f"**{x['verifications_per_s']:.2f}**" if (n, phase) == ("8", "all") else f"{x['verifications_per_s']:.2f}"
+            rows.append(f"| {n} | {label} | {side(run['one_at_a_time'][phase])} | {side(run['batched'][phase])} · "
+                        f"{run['batched']['mean_batch']:.2f} | {speed} | {x['server_cpu']:.2f} |")
+    return rows
+
+
+def server_batching(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Many sessions, one forward": bench/server_batching.py on the bundled cloud."""
+    return _server_rows(run["runs"])
+
+
+def server_batching_wider(run: dict[str, Any]) -> list[str]:
+    """The same run's replay against a wider random cloud (`--wider`)."""
+    return _server_rows(run["wider_cloud"]["runs"])
+
+
+def server_windows(run: dict[str, Any]) -> list[str]:
+    """The same run's window sweep at 8 sessions (batched server)."""
+    rows = ["| window ms | verif/s | server CPU ms / verif | mean batch |", "|---:|---:|---:|---:|"]
+    for w, r in run["windows_at_8"].items():
+        rows.append(f"| {w} | {r['all']['verifications_per_s']:.1f} | {r['all']['server_cpu_ms_per_verification']:.2f} | "
+                    f"{r['mean_batch']:.2f} |")
+    return rows
+
+
+LOOP_ROWS = {
+    "spec_edge_only_threshold_inf": "`threshold=inf` (edge only through the loop)",
+    "spec_verify_always_twin": "`verify=always`, cloud drafting for itself (every draft accepted)",
+    "spec_verify_always": "`verify=always` (152k: a random pair, nearly every draft rejected; demo: its own edge drafting)",
+    "spec_verify_always_sample": "`verify=always --sample`",
+}
+
+
+def loop_overhead(wide: dict[str, Any], demo: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "The loop outside the forwards": bench/vocab152k.py's overhead per output
+    token (process CPU clock), the random 152k pair from one run and the demo pair from another."""
+    w, d = wide["overhead"]["vocab152k"], demo["overhead"]["demo"]
+
+    def ms(m: dict[str, Any]) -> str:
+        return f"{m['overhead_cpu_ms_per_token']:.2f} ms"
+
+    rows = ["| mode | 152k random pair | demo pair |", "|---|---|---|"]
+    rows += [f"| {label} | {ms(w[key])} | {ms(d[key])} |" for key, label in LOOP_ROWS.items()]
+    rows.append(f"| HF `generate` with the same processors, cloud / edge | {ms(w['hf_generate_cloud_only'])[:-3]} / "
+                f"{ms(w['hf_generate_edge_only'])} | {ms(d['hf_generate_cloud_only'])[:-3]} / {ms(d['hf_generate_edge_only'])} |")
+    return rows
+
+
+def _ray_label(config: str) -> str:
+    kind, _, batch = config.partition("_b")
+    rows = f"batch {batch}" if batch else "one at a time"
+    if kind == "single":
+        return "single process, " + (f"`--batch-size {batch}`" if batch else "one clip at a time")
+    workers = int(kind.removeprefix("ray_"))
+    return f"Ray, {workers} worker{'s' if workers > 1 else ''}, {rows}"
+
+
+def ray_batch(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "Ray workers": bench/ray_batch.py's medians, in process."""
+    rows = [f"| run ({run['clips']} clips) | wall s | start-up s | clips/s | clips/s once loaded | "
+            "× single, once loaded | CPU ms / clip |", "|---|---|---|---|---|---|---|"]
+    for config, m in run["median"].items():
+        x = run["x_vs_single"].get(config, {"loaded_clips_per_s": 1.0})["loaded_clips_per_s"]
+        rows.append(f"| {_ray_label(config)} | {m['wall_s']:.1f} | {m['loaded_s']:.1f} | {m['clips_per_s']:.1f} | "
+                    f"{m['loaded_clips_per_s']:.1f} | {x:.2f} | {m['decode_cpu_ms_per_clip']:.1f} |")
+    return rows
+
+
+def ray_batch_cli(run: dict[str, Any]) -> list[str]:
+    """The same run's real commands in fresh processes, once each."""
+    rows = ["| command | wall s | × `--batch-size 1` |", "|---|---|---|"]
+    for config, m in run["cli"].items():
+        kind, _, batch = config.partition("_b")
+        flags = f"--batch-size {batch}" if kind == "single" else f"--ray auto --workers {kind.removeprefix('ray_')}"
+        rows.append(f"| `specdec batch DIR --out F {flags}` | {m['wall_s']:.1f} | {m['x_vs_single_b1']:.2f} |")
+    return rows
+
+
+DEMO_PRESETS = "specdec_cli/demo/models/edge/specdec_presets.toml"
+
+
+def demo_presets(presets: dict[str, Any]) -> list[str]:
+    """docs/usage.md: the bundled pair's presets as `specdec presets` lists them, from the presets
+    file itself (a TOML source: `make presets` writes it)."""
+    rows = ["| preset | threshold | k | uncertainty | verify | source |", "|---|---|---|---|---|---|"]
+    for name in ("fluent", "quality", *sorted(set(presets) - {"fluent", "quality", "gate"})):
+        p = presets[name]
+        over = f" (over `configs/{name}.toml`)" if (REPO / "configs" / f"{name}.toml").is_file() else ""
+        gate = (f"; the [meaning gate](meaning-gate.md): `gate_upload` {p['gate_upload']:g}, "
+                f"`gate_verify` {p['gate_verify']:g}" if p.get("verify") == "meaning" else "")
+        rows.append(f"| {name} | {p['threshold']:g} | {p['k']} | {p['uncertainty']} | {p['verify']} | "
+                    f"`{DEMO_PRESETS}`{over}: {p['description']}{gate} |")
+    return rows
+
+
+def gate_signal_before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 11, issue 34 item 3: the same fresh measurement set under the
+    v2 edge (`before`) and the v3 edge (`after`), every signal both runs have."""
+    b, a = before["measurement"], after["measurement"]
+    rows = ["| on the fresh set | v2 edge | v3 edge |", "|---|---|---|",
+            f"| mean attribute accuracy (cloud-only: {a['cloud_accuracy']:.1f} %) | {b['edge_accuracy']:.1f} % | "
+            f"{a['edge_accuracy']:.1f} % |",
+            f"| clips whose edge answer is as good as cloud-only's | {b['edge_as_good_as_cloud']} / {b['clips']} | "
+            f"{a['edge_as_good_as_cloud']} / {a['clips']} |"]
+    for name, label in GATE_SIGNAL_SHORT.items():
+        if name in b["signals"] and name in a["signals"]:
+            cells = [f"AUC {_auc(x['signals'][name]['auc'])}, 20 % kept "
+                     f"{signed(x['signals'][name]['kept_vs_cloud_points']['20%'])}" for x in (b, a)]
+            rows.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return rows
+
+
+def gate_signal_attributes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 11: per attribute, on the fresh set, the edge's accuracy and how
+    well its value log-likelihood tells its right answers (v2 -> v3), and what `value_confidence`
+    would reach had the v3 edge known exactly when that attribute is wrong (cal / fresh)."""
+    b, a, ac = before["measurement"], after["measurement"], after["calibration"]
+    rows = ["| attribute | edge accuracy: v2 → v3 | AUC of its value log-likelihood for \"right\": v2 → v3 | "
+            "`value_confidence` AUC had the v3 edge known this attribute's errors: cal / fresh |",
+            "|---|---|---|---|"]
+    for attr, now in a["attributes"].items():
+        was = b["attributes"][attr]
+        rows.append(f"| {attr} | {was['edge_accuracy']:.1f} → {now['edge_accuracy']:.1f} % | "
+                    f"{_auc(was['value_confidence_auc'])} → {_auc(now['value_confidence_auc'])} | "
+                    f"{_auc(ac['attributes'][attr]['value_confidence_auc_if_known'])} / "
+                    f"{_auc(now['value_confidence_auc_if_known'])} |")
+    return rows
+
+
+GATE_SIGNAL_GOAL = 0.85  # issue 34, item 3
+
+
+def gate_signal_goal(run: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 11: issue 34's item 3 against the fresh set: the best edge-side
+    signal's AUC there, with its standard error and its calibration-set figure."""
+    meas, cal = run["measurement"]["signals"], run["calibration"]["signals"]
+    name = max((n for n in meas if meas[n]["auc"] is not None), key=lambda n: meas[n]["auc"])
+    best = meas[name]
+    return ["| best edge-side signal on the fresh set | AUC ± standard error | on the calibration set | goal | met |",
+            "|---|---|---|---|---|",
+            f"| {GATE_SIGNAL_SHORT.get(name, name)} | {best['auc']:.2f} ± {best['auc_se']:.2f} | "
+            f"{_auc(cal[name]['auc'])} | ≥ {GATE_SIGNAL_GOAL} | {'yes' if best['auc'] >= GATE_SIGNAL_GOAL else '**no**'} |"]
+
+
+def _choice_rows(run: dict[str, Any], part: str) -> list[str]:
+    rows_in = run[part]
+    cloud = rows_in["cloud-only"]["accuracy"]
+    rows = [f"| setting ({part} set) | zero-cloud | accuracy | vs cloud-only | calls / token | bytes up / clip | "
+            "server work / clip |", "|---|---|---|---|---|---|---|"]
+    for name, r in rows_in.items():
+        vs = DASH if name == "cloud-only" else signed(r["accuracy"] - cloud)
+        rows.append(f"| {name} | {pct(r['zero_cloud_share'])} % | {r['accuracy']:.1f} % | {vs} | "
+                    f"{r['calls_per_token']:.3f} | {r['bytes_up_per_clip']:,.0f} | {r['cloud_work_tokens_per_clip']:.1f} |")
+    return rows
+
+
+def gate_choices(run: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 12: bench/gate.py's measurement set, every baseline and every
+    setting chosen on the calibration set, in the JSON's order."""
+    return _choice_rows(run, "measurement")
+
+
+def gate_choices_calibration(run: dict[str, Any]) -> list[str]:
+    """The same rows on the calibration set the settings were chosen on."""
+    return _choice_rows(run, "calibration")
+
+
+def frugal_origin(report: dict[str, Any]) -> list[str]:
+    """docs/meaning-gate.md section 7: the bundled `frugal` preset as `make presets` (specdec
+    calibrate --report) chose it: its setting and its scores on calibrate's two halves against
+    cloud-only's."""
+    head = ["| `frugal`, as `make presets` chose it | clips | zero-cloud | quality | vs cloud-only | "
+            "calls / token | cloud work / clip |", "|---|---|---|---|---|---|---|"]
+    g = report.get("gate")
+    if g is None:
+        return head + [f"| no meaning gate fitted (`--no-gate`) | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} |"]
+    settings = {s["name"]: s for s in report["settings"]}
+    cloud, chosen = settings["cloud-only"], settings[g["setting"]]
+    points = f"{g['points']:g} point" + ("" if g["points"] == 1 else "s")
+    what = (f"k {chosen['k']}, upload {chosen['gate_upload']:.3f}, verify {chosen['gate_verify']:.3f}; within "
+            f"{points}, margin z = {g['margin']:g}")
+    if not g["met"]:
+        what = f"none qualified ({what}: the best; no `frugal`, no `[gate]` written)"
+    rows = []
+    for half, n, label in (("calibration", report["n_calib"], f"calibration half: {what}"),
+                           ("check", report["n_check"], "check half (not chosen on)")):
+        h = g[half]
+        rows.append(f"| {label} | {n} | {pct(h['zero_cloud_share'])} % | {h['quality']:.1f} | "
+                    f"{signed(h['quality'] - cloud[half]['quality'])} | {h['call_rate']:.3f} | {h['work_per_clip']:.1f} |")
+    return head + rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
     "capacity_goal": capacity_goal,
     **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")
@@ -318,8 +668,55 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_goals_settings": demo_goals_settings,
     "demo_models": demo_models,
     "gate_signal": gate_signal,
+    "gate_signal_v2": gate_signal_v2,
     "gate_signal_noised": gate_signal_noised,
+    "eval_modes": eval_modes,
+    "bench_identity": bench_identity,
+    "bench_gated": bench_gated,
+    "bench_cloud_work": bench_cloud_work,
+    "batched": batched,
+    "remote": remote,
+    "server_batching": server_batching,
+    "server_batching_wider": server_batching_wider,
+    "server_windows": server_windows,
+    "loop_overhead": loop_overhead,
+    "demo_presets": demo_presets,
+    "ray_batch": ray_batch,
+    "ray_batch_cli": ray_batch_cli,
+    "gate_signal_before_after": gate_signal_before_after,
+    "gate_signal_attributes": gate_signal_attributes,
+    "gate_signal_goal": gate_signal_goal,
+    "frugal_origin": frugal_origin,
+    "gate_choices": gate_choices,
+    "gate_choices_calibration": gate_choices_calibration,
 }
+
+
+
+
+def eval_page(report: dict[str, Any]) -> str:
+    """The Markdown `specdec eval --report` writes beside its JSON (the library's renderer)."""
+    from specdec_cli.evaluate import markdown
+
+    return markdown(report)
+
+
+# page -> (its JSON, the page's whole text from it); paths from the repository root
+GENERATED_PAGES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "docs/eval-samples.md": ("docs/eval-samples.json", eval_page),
+}
+
+
+def _generated(root: Path) -> list[tuple[Path, str]]:
+    """(page, what it should say) for each generated page that exists under root."""
+    out = []
+    for page, (source, renderer) in GENERATED_PAGES.items():
+        if (root / page).is_file():
+            path = root / source
+            if not path.is_file():
+                raise SystemExit(f"{page}: {source} does not exist (paths are from the repository root)")
+            out.append((root / page, renderer(json.loads(path.read_text(encoding="utf-8")))))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +760,8 @@ def render(table: Table, root: Path = REPO) -> list[str]:
         path = root / source
         if not path.is_file():
             raise SystemExit(f"{table.where()}: {source} does not exist (paths are from the repository root)")
-        docs.append(json.loads(path.read_text(encoding="utf-8")))
+        text = path.read_text(encoding="utf-8")
+        docs.append(tomllib.loads(text) if path.suffix == ".toml" else json.loads(text))
     return RENDERERS[table.renderer](*docs)
 
 
@@ -382,6 +780,10 @@ def stale(root: Path = REPO) -> list[str]:
                              min(len(t.lines), len(want)))
                 out.append(f"{t.where()}: the {t.renderer} table differs from {' + '.join(t.sources)} "
                            f"at its row {first + 1}: rerun `python bench/doc_tables.py --write`")
+    for page, want in _generated(root):
+        if page.read_text(encoding="utf-8") != want:
+            out.append(f"{page.relative_to(root)}: differs from {GENERATED_PAGES[str(page.relative_to(root))][0]} "
+                       "(the page is the report's Markdown): rerun `python bench/doc_tables.py --write`")
     return out
 
 
@@ -399,6 +801,10 @@ def write(root: Path = REPO) -> list[str]:
         if here:
             page.write_text("".join(text), encoding="utf-8")
             changed += reversed(here)
+    for page, want in _generated(root):
+        if page.read_text(encoding="utf-8") != want:
+            page.write_text(want, encoding="utf-8")
+            changed.append(str(page.relative_to(root)))
     return changed
 
 

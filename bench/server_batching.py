@@ -55,8 +55,9 @@ def record(url: str) -> list[list[tuple[wire.VerifyRequest, Any]]]:
     current: list[tuple[wire.VerifyRequest, Any]] = []
     original = client_mod.RemoteClient.call
 
-    def call(self, method, path, message, kind, link):  # type: ignore[no-untyped-def]
-        answer = original(self, method, path, message, kind, link)
+    def call(self, method, path, message, kind, link, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # the client's own options (cap, retry_s, session, ...) pass through unchanged
+        answer = original(self, method, path, message, kind, link, *args, **kwargs)
         if path == "/v1/verify":
             current.append((message, answer))
         return answer

@@ -3,6 +3,10 @@
 Run by hand, alone or as the `vocab152k` section of `python bench/run.py --json`:
 
     python bench/vocab152k.py [--json] [--clips N] [--max-new-tokens N] [--bf16-clips N]
+    python bench/vocab152k.py --demo-only --json > docs/bench-vocab152k-demo.json
+
+`--demo-only` measures the demo pair's overhead alone (the random 152k pair and the numerics do not
+depend on the bundled pair, so a new demo pair needs only this part rerun).
 
 The pair is the real Qwen2.5-Omni tokenizer (rebuilt offline, `specdec_cli.qwen_vocab`) with random
 thinkers at the real widths: edge 151,936 rows (as -3B), cloud 152,064 (as -7B); small hidden sizes,
@@ -280,6 +284,24 @@ def numerics(pair: ModelPair, inputs: list, max_new_tokens: int, k: int = 4) -> 
 
 # -- main ------------------------------------------------------------------------------------------------
 
+def run_demo(clips: int = 4, max_new_tokens: int = 32, edge: str | None = None,
+             cloud: str | None = None) -> dict[str, Any]:
+    """The demo pair's overhead only (`--demo-only`; another pair with `edge`/`cloud`, e.g. the
+    previous demo pair for a before/after), in the same shape as `run`'s."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        demo_pair = load_pair(edge, cloud)
+        result: dict[str, Any] = {"pair": {"edge": demo_pair.edge_id, "cloud": demo_pair.cloud_id}, "clips": clips,
+                                  "max_new_tokens": max_new_tokens, "torch_threads": 1,
+                                  "load_average": [round(x, 2) for x in os.getloadavg()]}
+        result["overhead"] = {"demo": overhead(demo_pair, clip_inputs(demo_pair, clips), max_new_tokens)}
+        result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        return result
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run(clips: int = 4, max_new_tokens: int = 32, bf16_clips: int = 8, demo: bool = True,
         progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """The whole section. Pins torch to one thread for its duration."""
@@ -342,12 +364,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16-clips", type=int, default=8, help="clips for the numerics runs (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--no-demo", action="store_true", help="skip the demo pair's overhead")
+    ap.add_argument("--demo-only", action="store_true",
+                    help="only the demo pair's overhead (what a new demo pair changes)")
+    ap.add_argument("--edge", help="(--demo-only) another edge folder than the bundled one")
+    ap.add_argument("--cloud", help="(--demo-only) another cloud folder than the bundled one")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = ap.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if args.demo_only:
+        result = run_demo(args.clips, args.max_new_tokens, args.edge, args.cloud)
+        print(json.dumps(result, ensure_ascii=False) if args.json else json.dumps(result["overhead"], indent=1))
+        return 0
     result = run(args.clips, args.max_new_tokens, args.bf16_clips, not args.no_demo,
                  progress=lambda msg: print(msg, file=sys.stderr))
     print(json.dumps(result, ensure_ascii=False) if args.json else "\n".join(summary_lines(result)))

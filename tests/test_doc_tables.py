@@ -35,7 +35,40 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
     dt = tables_module()
     marked = {(str(t.page.relative_to(ROOT)), t.renderer) for p in dt.pages() for t in dt.tables(p)}
     assert {("docs/demo-pair.md", "demo_models"), ("docs/meaning-gate.md", "gate_signal"),
-            ("docs/meaning-gate.md", "gate_signal_noised")} <= marked
+            ("docs/meaning-gate.md", "gate_signal_v2"), ("docs/meaning-gate.md", "gate_signal_noised"),
+            ("docs/meaning-gate.md", "gate_signal_goal"), ("docs/meaning-gate.md", "gate_signal_before_after"),
+            ("docs/meaning-gate.md", "gate_signal_attributes"), ("docs/meaning-gate.md", "frugal_origin"),
+            ("docs/meaning-gate.md", "gate_choices"), ("docs/meaning-gate.md", "gate_choices_calibration")} <= marked
+    # docs/benchmarks.md: every section that quotes the demo pair
+    assert {("docs/benchmarks.md", r) for r in ("eval_modes", "bench_identity", "bench_gated", "bench_cloud_work",
+                                                 "batched", "remote", "server_batching", "server_batching_wider",
+                                                 "server_windows", "loop_overhead", "ray_batch",
+                                                 "ray_batch_cli")} <= marked
+    assert ("docs/usage.md", "demo_presets") in marked
+    assert "docs/eval-samples.md" in dt.GENERATED_PAGES
+
+
+def test_a_generated_page_is_checked_whole_and_rewritten(tmp_path):
+    """docs/eval-samples.md is the Markdown `specdec eval --report` writes: a figure edited by hand
+    on the page, or a JSON rerun without the page, is caught; --write makes it the library's again."""
+    from specdec_cli.evaluate import markdown
+
+    dt = tables_module()
+    report = json.loads((ROOT / "docs/eval-samples.json").read_text(encoding="utf-8"))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/eval-samples.json").write_text(json.dumps(report), encoding="utf-8")
+    page = tmp_path / "docs/eval-samples.md"
+    page.write_text(markdown(report), encoding="utf-8")
+    assert dt.stale(tmp_path) == []
+    page.write_text(markdown(report).replace("| cloud | ", "| cloud | 1", 1), encoding="utf-8")
+    problems = dt.stale(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("docs/eval-samples.md: differs from docs/eval-samples.json")
+    assert dt.write(tmp_path) == ["docs/eval-samples.md"]
+    assert page.read_text(encoding="utf-8") == markdown(report) and dt.stale(tmp_path) == []
+    moved = copy.deepcopy(report)
+    moved["modes"][0]["mean_accuracy"] = 0.5
+    (tmp_path / "docs/eval-samples.json").write_text(json.dumps(moved), encoding="utf-8")
+    assert len(dt.stale(tmp_path)) == 1
 
 
 def _page(root: Path, run: dict) -> Path:
@@ -83,8 +116,144 @@ def test_signed_writes_the_docs_minus_and_no_negative_zero():
     assert [dt.signed(x) for x in (0.87, -1.74, -0.04, 0.0)] == ["+0.9", "\u22121.7", "0.0", "0.0"]
 
 
+def test_the_benchmark_renderers_quote_their_json():
+    """Independent of the renderers' own arithmetic: cells read back against the JSON's values."""
+    dt = tables_module()
+    run = {"cloud_rtt_ms": 50.0, "modes": {}}
+    for key in (*dt.BENCH_PLAIN, *dt.BENCH_RULES):
+        cloud_only = key in ("plain_cloud_generate", "cloud")
+        run["modes"][key] = {"cloud_prefill_tokens_per_clip": 0.0 if key == "edge" else 200.0,
+                             "cloud_work_tokens_per_clip": 250.0 if cloud_only else (0.0 if key == "edge" else 275.0),
+                             "cloud_work_forwards_per_clip": 25.0 if cloud_only else (0.0 if key == "edge" else 5.0),
+                             "no_cloud_share": 1.0 if key == "edge" else 0.25 if key == "quality" else 0.0}
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in dt.bench_cloud_work(run)[2:]}
+    assert rows["quality"] == "| quality | 200.0 | 275.0 | 5.00 | 1.10 | 0.20 | 25 % |"
+    assert rows["edge-only"] == "| edge-only | 0.0 | 0.0 | 0.00 | 0.00 | 0.00 | 100 % |"
+    remote = json.loads((ROOT / "docs/bench-remote.json").read_text(encoding="utf-8"))
+    table = dt.remote(remote)
+    m = remote["modes"]["quality"]
+    row = next(r for r in table if r.startswith("| quality |"))
+    assert f"{m['round_trips']:.2f} | {m['cloud_calls']:.2f}" in row
+    assert row.endswith(f"{m['remote_s']['50ms']:.3f} / {m['predicted_s']['50ms']:.3f} |")
+    assert len(table) == 2 + len(remote["modes"]) and table[0].count("|") == table[1].count("|")
+
+
 def test_the_command_checks_the_repository():
     run = subprocess.run([sys.executable, str(ROOT / "bench/doc_tables.py")], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "marked tables match their JSON" in run.stdout
+
+
+def examples_module():
+    spec = importlib.util.spec_from_file_location("doc_examples_bench", ROOT / "bench/doc_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_api_output_is_rewritten_from_a_run(tmp_path):
+    """bench/doc_examples.py on a README of its own (an example that needs no model, reading a file
+    relative to the checkout as the real one reads samples/): a stale output block is caught and
+    replaced by what the code prints; the rest of the README is kept byte for byte. The real
+    README's example is run against its output by tests/test_api.py."""
+    de = examples_module()
+    (tmp_path / "data.txt").write_text("说话人是女声\n", encoding="utf-8")
+    head = "# x\n\n## Python API\n\nProse.\n\n<!-- --8<-- [start:api] -->\n```python\n"
+    code = "from pathlib import Path\nprint(Path('data.txt').read_text(encoding='utf-8').strip())\nprint(1 + 1, 'blocks')\n"
+    tail = "```\n<!-- --8<-- [end:api] -->\n\n## Next\n\n```text\nnot this one\n```\n"
+    (tmp_path / "README.md").write_text(head + code + "```\n\nOutput:\n\n```text\n说话人是男声\n3 blocks\n" + tail,
+                                        encoding="utf-8")
+    assert de.check(tmp_path) is not None
+    assert de.write(tmp_path) is True
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == (
+        head + code + "```\n\nOutput:\n\n```text\n说话人是女声\n2 blocks\n" + tail)
+    assert de.check(tmp_path) is None and de.write(tmp_path) is False
+    (tmp_path / "README.md").write_text("# x\n\n## Python API\n\nno example\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="lost its"):
+        de.check(tmp_path)
+
+def _signals(**aucs):
+    """A bench/gate_signal.py set with the given signals: name=(auc, auc_se, kept 20 %, kept 30 %)."""
+    return {name: {"auc": a, "auc_se": se, "kept_vs_cloud_points": {"10%": 0.0, "20%": k20, "30%": k30}}
+            for name, (a, se, k20, k30) in aucs.items()}
+
+
+def test_gate_signal_goal_names_the_best_fresh_signal_and_says_whether_it_is_met():
+    dt = tables_module()
+    run = {"calibration": {"signals": _signals(confidence=(0.71, 0.04, 0, 0), probe=(0.69, 0.04, 0, 0))},
+           "measurement": {"signals": _signals(confidence=(0.687, 0.05, 0, 0), probe=(0.828, 0.0408, 0, 0))}}
+    assert dt.gate_signal_goal(run)[2] == "| `probe` | 0.83 ± 0.04 | 0.69 | ≥ 0.85 | **no** |"
+    run["measurement"]["signals"]["confidence"]["auc"] = 0.851
+    assert dt.gate_signal_goal(run)[2] == "| `confidence` | 0.85 ± 0.05 | 0.71 | ≥ 0.85 | yes |"
+
+
+def test_gate_signal_before_after_pairs_the_fresh_set_of_both_runs():
+    dt = tables_module()
+
+    def run(acc, good, conf, probe=None):
+        sig = {"confidence": conf} if probe is None else {"confidence": conf, "value_probe": probe}
+        return {"measurement": {"clips": 96, "edge_accuracy": acc, "cloud_accuracy": 97.92, "edge_as_good_as_cloud": good,
+                                "signals": _signals(**sig)}}
+
+    rows = dt.gate_signal_before_after(run(84.38, 45, (0.572, 0.06, -1.39, -3.3)),
+                                       run(89.41, 60, (0.687, 0.05, -0.35, -0.52), (0.75, 0.05, -0.17, -0.5)))
+    assert rows[2:] == ["| mean attribute accuracy (cloud-only: 97.9 %) | 84.4 % | 89.4 % |",
+                        "| clips whose edge answer is as good as cloud-only's | 45 / 96 | 60 / 96 |",
+                        "| `confidence` | AUC 0.57, 20 % kept \u22121.4 | AUC 0.69, 20 % kept \u22120.3 |"]  # value_probe: v3 only
+
+
+def test_gate_signal_attributes_rows():
+    dt = tables_module()
+
+    def part(acc, a, known):
+        return {"attributes": {"rate": {"edge_accuracy": acc, "value_confidence_auc": a,
+                                        "value_confidence_auc_if_known": known}}}
+
+    rows = dt.gate_signal_attributes({"measurement": part(72.92, 0.647, 0.76)},
+                                     {"calibration": part(67.19, 0.665, 0.946), "measurement": part(70.83, None, 0.887)})
+    assert rows[2:] == ["| rate | 72.9 → 70.8 % | 0.65 → — | 0.95 / 0.89 |"]
+
+
+def _calibration(met=True, gate=True):
+    report = {"measure": "labels", "n_calib": 48, "n_check": 48, "choices": [],
+              "settings": [{"name": "cloud-only", "mode": "cloud", "k": 4, "verify": "entropy",
+                            "calibration": {"quality": 97.9, "call_rate": 0.965}, "check": {"quality": 98.3, "call_rate": 0.96}},
+                           {"name": "meaning k10 u0.704", "mode": "spec", "k": 10, "verify": "meaning",
+                            "gate_upload": 0.70412, "gate_verify": 0.40288,
+                            "calibration": {"quality": 97.2, "call_rate": 0.08}, "check": {"quality": 98.0, "call_rate": 0.08}}],
+              "gate": {"name": "frugal", "points": 3.0, "met": met, "margin": 1.0, "setting": "meaning k10 u0.704",
+                       "calibration": {"quality": 97.2, "call_rate": 0.0791, "zero_cloud_share": 0.20833, "work_per_clip": 190.25},
+                       "check": {"quality": 98.0, "call_rate": 0.0853, "zero_cloud_share": 0.125, "work_per_clip": 230.0},
+                       "swaps": 900, "weights": 12}}
+    if not gate:
+        report["gate"] = None
+    return report
+
+
+def test_frugal_origin_reads_calibrates_report():
+    dt = tables_module()
+    assert dt.frugal_origin(_calibration())[2:] == [
+        "| calibration half: k 10, upload 0.704, verify 0.403; within 3 points, margin z = 1 | 48 | 20.8 % | 97.2 | "
+        "\u22120.7 | 0.079 | 190.2 |",
+        "| check half (not chosen on) | 48 | 12.5 % | 98.0 | \u22120.3 | 0.085 | 230.0 |"]
+    assert dt.frugal_origin(_calibration(met=False))[2].startswith(
+        "| calibration half: none qualified (k 10, upload 0.704, verify 0.403; within 3 points, margin z = 1: the best;")
+    assert dt.frugal_origin(_calibration(gate=False))[2].startswith("| no meaning gate fitted (`--no-gate`) |")
+    one = _calibration()
+    one["gate"]["points"] = 1.0
+    assert "; within 1 point, margin z = 1 |" in dt.frugal_origin(one)[2]
+
+
+def test_gate_choices_rows_against_cloud_only():
+    dt = tables_module()
+    row = {"zero_cloud_share": 0.0, "accuracy": 97.91666, "calls_per_token": 0.96501, "bytes_up_per_clip": 133809.02,
+           "cloud_work_tokens_per_clip": 322.5625}
+    frugal = {"zero_cloud_share": 0.1875, "accuracy": 95.13888, "calls_per_token": 0.095760, "bytes_up_per_clip": 96193.125,
+              "cloud_work_tokens_per_clip": 248.02083}
+    run = {"measurement": {"cloud-only": row, "meaning-3 (k=12)": frugal}, "calibration": {"cloud-only": frugal}}
+    rows = dt.gate_choices(run)
+    assert rows[0].startswith("| setting (measurement set) |")
+    assert rows[2:] == ["| cloud-only | 0.0 % | 97.9 % | — | 0.965 | 133,809 | 322.6 |",
+                        "| meaning-3 (k=12) | 18.8 % | 95.1 % | \u22122.8 | 0.096 | 96,193 | 248.0 |"]
+    assert dt.gate_choices_calibration(run)[2:] == ["| cloud-only | 18.8 % | 95.1 % | — | 0.096 | 96,193 | 248.0 |"]
