@@ -192,11 +192,11 @@ def demo_goals(before: dict[str, Any], after: dict[str, Any], cap_before: dict[s
         ("frugal", f"frugal: ≥ {100 * FRUGAL_ZERO_CLOUD:.0f} % of clips with zero cloud work",
          lambda s: f"{pct(s['no_cloud_share'])} %", lambda s: s["no_cloud_share"] >= FRUGAL_ZERO_CLOUD),
         ("frugal", f"frugal: within {FRUGAL_POINTS:g} point of cloud-only",
-         lambda s: signed(s["vs_cloud_points"]), lambda s: s["vs_cloud_points"] >= -FRUGAL_POINTS),
+         lambda s: signed(s["vs_cloud_points"], 2), lambda s: s["vs_cloud_points"] >= -FRUGAL_POINTS),
         ("frugal", f"frugal: ≤ {FRUGAL_CALLS:.2f} cloud calls per token",
          lambda s: f"{s['cloud_call_rate']:.3f}", lambda s: s["cloud_call_rate"] <= FRUGAL_CALLS),
         ("quality", f"quality: within {QUALITY_POINTS:g} point of cloud-only",
-         lambda s: signed(s["vs_cloud_points"]), lambda s: s["vs_cloud_points"] >= -QUALITY_POINTS),
+         lambda s: signed(s["vs_cloud_points"], 2), lambda s: s["vs_cloud_points"] >= -QUALITY_POINTS),
         ("quality", f"quality: ≤ {QUALITY_CALLS:.2f} cloud calls per token",
          lambda s: f"{s['cloud_call_rate']:.3f}", lambda s: s["cloud_call_rate"] <= QUALITY_CALLS),
     ]

@@ -47,9 +47,9 @@ def test_the_goals_table_marks_each_goal_by_the_after_figures():
     assert len(by_goal) == 6
     frugal = [r for g, r in by_goal.items() if g.startswith("frugal")]
     assert len(frugal) == 3 and all(r.endswith("| **met** |") and "| no such preset |" in r for r in frugal)
-    assert "| 30.0 % |" in frugal[0] and "| −0.5 |" in frugal[1] and "| 0.090 |" in frugal[2]
+    assert "| 30.0 % |" in frugal[0] and "| −0.50 |" in frugal[1] and "| 0.090 |" in frugal[2]
     quality = [r for g, r in by_goal.items() if g.startswith("quality")]
-    assert quality[0].endswith("| −0.6 | **not met** |") and quality[1].endswith("| 0.137 | 0.110 | **met** |")
+    assert quality[0].endswith("| −0.60 | **not met** |") and quality[1].endswith("| 0.137 | 0.110 | **met** |")
     capacity = next(r for g, r in by_goal.items() if g.startswith("capacity"))
     assert capacity.endswith("| — | quality 1.40× | **not met** |")
     cap["modes"]["quality"]["server_cpu_capacity_clips_per_s"] = 15.0
