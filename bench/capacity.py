@@ -1,7 +1,7 @@
 """Clips per second one `specdec serve` sustains, per mode, under open-loop Poisson arrivals (issue 27).
 
     python bench/capacity.py [--quick] [--json] [--plot FILE] [--modes cloud,fluent,quality]
-                             [--clips N] [--workers W] [--per-step M] [--slo-x 3] [--no-pin]
+                             [--clips N] [--workers W] [--per-step M] [--slo-x 3] [--no-pin] [--edge DIR]
 
 What runs. One real `specdec serve` (the bundled demo cloud, `--threads 1`, its defaults: verifications
 batched with a 10 ms window, cloud-only generations continuously batched up to 16 rows) on
@@ -67,7 +67,7 @@ def settings_of(mode: str) -> tuple[str, dict[str, Any]]:
     return ("fluent", {"mode": "cloud"}) if mode == CLOUD else (mode, {})
 
 
-def client_process(url: str, cpus: list[int] | None, jobs: Any, results: Any) -> None:
+def client_process(url: str, cpus: list[int] | None, jobs: Any, results: Any, edge: str | None = None) -> None:
     """One edge device: the edge loaded once, then one clip at a time from `jobs` until None."""
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -77,7 +77,7 @@ def client_process(url: str, cpus: list[int] | None, jobs: Any, results: Any) ->
     import specdec
     from specdec_cli.evaluate import score
 
-    pair = specdec.Pair(cloud=url)
+    pair = specdec.Pair(edge=edge, cloud=url)
     results.put(("ready", os.getpid()))
     while (job := jobs.get()) is not None:
         key, path, labels, mode = job
@@ -99,10 +99,12 @@ def client_process(url: str, cpus: list[int] | None, jobs: Any, results: Any) ->
 class Pool:
     """W client processes sharing one job queue (a free one takes the next clip)."""
 
-    def __init__(self, url: str, workers: int, cpus: list[int] | None, timeout_s: float = 300) -> None:
+    def __init__(self, url: str, workers: int, cpus: list[int] | None, timeout_s: float = 300,
+                 edge: str | None = None) -> None:
         ctx = mp.get_context("spawn")  # torch and fork do not mix
         self.jobs, self.results = ctx.Queue(), ctx.Queue()
-        self.procs = [ctx.Process(target=client_process, args=(url, cpus, self.jobs, self.results), daemon=True)
+        self.procs = [ctx.Process(target=client_process, args=(url, cpus, self.jobs, self.results, edge),
+                                 daemon=True)
                       for _ in range(workers)]
         for p in self.procs:
             p.start()
@@ -294,12 +296,12 @@ def heldout_clips(folder: Path, n: int, start: int) -> list[tuple[str, dict]]:
     return out
 
 
-def default_modes() -> list[str]:
-    """cloud, fluent, quality, then every preset of the demo pair's presets that gates by meaning."""
+def default_modes(edge: str | None = None) -> list[str]:
+    """cloud, fluent, quality, then every preset of the pair's presets that gates by meaning."""
     from specdec_cli.models import presets_file_for
     from specdec_cli.presets import load_presets
 
-    gated = [name for name, preset in load_presets(presets_file_for(None)).items()
+    gated = [name for name, preset in load_presets(presets_file_for(edge)).items()
              if preset.values.get("verify") == "meaning" and name not in ("fluent", "quality")]
     return [CLOUD, "fluent", "quality", *sorted(gated)]
 
@@ -350,13 +352,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="pin the server to CPU 0 and the clients to the other CPUs")
     ap.add_argument("--serve-arg", action="append", default=[], help="an extra `specdec serve` argument")
     ap.add_argument("--seed", type=int, default=27)
+    ap.add_argument("--edge", help="the edge model folder (default: the bundled demo edge; its presets file with "
+                                   "it), e.g. an earlier demo edge against the same bundled cloud")
     args = ap.parse_args(argv)
     clips_n = args.clips or (8 if args.quick else 24)
     workers = args.workers or (6 if args.quick else 8)
     per_step = args.per_step or (30 if args.quick else 40)
     bisect = args.bisect if args.bisect is not None else (2 if args.quick else 3)
     args.budget_s = args.budget_s or (480.0 if args.quick else 3600.0)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else default_modes()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else default_modes(args.edge)
     if not modes or modes[0] != CLOUD:
         sys.exit("capacity: --modes must start with cloud (its unloaded time sets the SLO)")
     from specdec_cli.errors import InputError
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for mode in modes[1:]:
         try:
-            resolve(mode, presets_file_for(None))
+            resolve(mode, presets_file_for(args.edge))
         except InputError as exc:
             sys.exit(f"capacity: --modes: {exc}")
 
@@ -385,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
                 os.sched_setaffinity(server.proc.pid, server_cpus)
                 for tid in os.listdir(f"/proc/{server.proc.pid}/task"):  # threads started already
                     os.sched_setaffinity(int(tid), server_cpus)
-            pool = Pool(server.url, workers, client_cpus)
+            pool = Pool(server.url, workers, client_cpus, edge=args.edge)
             report: dict[str, Any] = {"modes": {}}
             cloud = unloaded(pool, server.proc.pid, CLOUD, clips, say)
             slo = args.slo_x * cloud["unloaded_s"]
@@ -412,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
                   clips=clips_n, workers=workers, pinned=bool(server_cpus), server_cpus=server_cpus,
                   client_cpus=client_cpus, load_avg={"start": load_start, "end": os.getloadavg()},
                   cpus=os.cpu_count(), wall_s=round(time.monotonic() - started, 1), quick=args.quick,
-                  serve_args=args.serve_arg)
+                  serve_args=args.serve_arg, edge=args.edge)
     if args.plot:
         plot(report, args.plot)
     if args.json:

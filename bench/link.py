@@ -1,6 +1,7 @@
 """The remote cloud behind a slower link: time and round trips per clip with D ms added per round trip.
 
-    python bench/link.py [--quick] [--json] [--delays 0,10,50,100] [--pairs demo,self,noised] [--out FILE]
+    python bench/link.py [--quick] [--json] [--delays 0,10,50,100] [--pairs demo,self,noised]
+                         [--modes fluent,quality] [--edge DIR] [--out FILE]
 
 For each pair it starts a real `specdec serve` process on 127.0.0.1 (a free port, stopped by its
 pid) hosting the pair's cloud, and per delay D a delaying TCP proxy process in front of it: every
@@ -8,8 +9,9 @@ chunk the client sends is forwarded D ms after it arrived (answers pass at once)
 trip costs D more, whatever its size, and nothing in the client sleeps. Over the bundled samples
 (`--quick`: the first three) it times, per mode, one clip after the other:
 
-* in process (the edge and the cloud here): edge-only (the reference), cloud-only, fluent, quality;
-* through the proxy: cloud-only (one round trip), fluent and quality, with each remote client this
+* in process (the edge and the cloud here): edge-only (the reference), cloud-only, and the presets
+  of `--modes` (default fluent, quality; any preset of the bundled presets file, e.g. frugal);
+* through the proxy: cloud-only (one round trip) and the same presets, with each remote client this
   specdec has (`variants`): the blocking one of before issue 28 ("legacy"; on a specdec from
   before it, "blocking"), the blocking one whose session close is not waited for, the pipelined
   one (`RemoteClient.pipelined`: the edge drafts ahead while a verdict is in flight) and the
@@ -133,14 +135,17 @@ def noised_copy(cloud: Path, out: Path, scale: float, seed: int = 0) -> Path:
     return out
 
 
-def modes() -> dict[str, Any]:
+SPEC = ("fluent", "quality")  # the presets timed over the link (--modes)
+
+
+def modes(names: tuple[str, ...] = SPEC, presets: Path = PRESETS) -> dict[str, Any]:
     from specdec_cli.decoding import DecodingConfig
     from specdec_cli.presets import resolve
 
     def preset(name: str) -> DecodingConfig:
-        return DecodingConfig().with_(**resolve(name, [PRESETS]).values)
+        return DecodingConfig().with_(**resolve(name, [presets]).values)
     return {"edge": DecodingConfig(mode="edge"), "cloud": DecodingConfig(mode="cloud"),
-            "fluent": preset("fluent"), "quality": preset("quality")}
+            **{name: preset(name) for name in names}}
 
 
 def variants(client: Any) -> list[str]:
@@ -158,9 +163,9 @@ def _waited(client: Any) -> Any:
     """The session's close as before issue 28: the DELETE sent and its answer waited for."""
     from specdec_cli.remote.client import CloudError, CloudUnreachable, SessionLost
 
-    def send(method: str, path: str, link: Any) -> bool:
-        try:
-            client.call(method, path, None, None, link)
+    def send(method: str, path: str, link: Any, session: str | None = None) -> bool:
+        try:  # the session header as the client sends it since the server keys sessions by it
+            client.call(method, path, None, None, link, session=session)
         except (CloudUnreachable, CloudError, SessionLost):
             pass
         return True
@@ -205,13 +210,13 @@ def count_ahead() -> None:
     loop.draft_ahead, loop.Ahead.discard = counting_draft, counting_discard
 
 
-def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int) -> dict[str, Any]:
+def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int,
+               spec: tuple[str, ...] = SPEC, presets: Path = PRESETS) -> dict[str, Any]:
     from specdec_cli.describe import Describer
-    from specdec_cli.models import load_pair
     from specdec_cli.remote.local_server import LocalServer
 
-    cfgs = modes()
-    local = Describer(load_pair(str(edge), str(cloud)))
+    cfgs = modes(spec, presets)
+    local = Describer(loaded(edge, str(cloud), presets))
     here: dict[str, list] = {m: [local.run(a, cfg) for a in audios] for m, cfg in cfgs.items()}  # warm-up
     here = {m: [local.run(a, cfg) for a in audios] for m, cfg in cfgs.items()}
     out: dict[str, Any] = {"edge": str(edge.relative_to(REPO) if edge.is_relative_to(REPO) else edge.name),
@@ -226,9 +231,9 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
         for d in delays:
             proxy = Proxy(server.port, d)
             try:
-                remote = Describer(load_pair(str(edge), proxy.url))
+                remote = Describer(loaded(edge, proxy.url, presets))
                 client = remote.pair.remote
-                keys = [("cloud", "-")] + [(m, v) for m in ("fluent", "quality") for v in variants(client)]
+                keys = [("cloud", "-")] + [(m, v) for m in spec for v in variants(client)]
                 for m, v in keys:  # warm-up: connection, server caches
                     set_variant(client, v)
                     remote.run(audios[0], cfgs[m])
@@ -260,6 +265,18 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
     return out
 
 
+def loaded(edge: Path, cloud: str, presets: Path = PRESETS) -> Any:
+    """The pair (`load_pair`) with the bundled presets file's meaning gate, as `specdec.Pair` gives
+    it, so that a verify = "meaning" preset (frugal) decodes with its gate, not the entropy one."""
+    from specdec_cli.gate_presets import load_gates
+    from specdec_cli.models import load_pair
+    from specdec_cli.remote.wire import tokenizer_fingerprint
+
+    models = load_pair(str(edge), cloud)
+    models.gate = load_gates((presets,), tokenizer_fingerprint(models.tokenizer))
+    return models
+
+
 def _acceptance(stats: list) -> float | None:
     drafted = sum(s.verified_drafted for s in stats)
     return sum(s.verified_accepted for s in stats) / drafted if drafted else None
@@ -272,7 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     ap.add_argument("--delays", default="0,10,50,100", help="ms added per round trip")
     ap.add_argument("--pairs", default="demo,self,noised")
+    ap.add_argument("--modes", default=",".join(SPEC), help="presets timed besides cloud-only (e.g. quality,frugal)")
     ap.add_argument("--noise", type=float, default=0.4, help="the noised edge: noise std / tensor std")
+    ap.add_argument("--edge", type=Path, help="the demo pair's edge, with its presets file (default: the bundled "
+                                              "edge), e.g. an earlier demo edge against the same bundled cloud")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1, help="passes over the clips per delay")
     ap.add_argument("--proxy-to", type=int, help=argparse.SUPPRESS)
@@ -291,16 +311,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples = sorted((REPO / "samples").glob("*.wav"))[: 3 if args.quick else None]
     audios = [load_audio(p, 16000, 30.0) for p in samples]
     cloud = DEMO / "cloud"
-    out: dict[str, Any] = {"clips": len(samples), "repeats": args.repeats, "threads": args.threads, "delays_ms": delays,
+    spec = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    out: dict[str, Any] = {"clips": len(samples), "repeats": args.repeats, "modes": list(spec), "threads": args.threads, "delays_ms": delays,
                            "load_average": list(os.getloadavg()), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                            time.gmtime()),
                            "pairs": {}}
     with tempfile.TemporaryDirectory(prefix="specdec-link-") as tmp:
-        edges = {"demo": DEMO / "edge", "self": cloud}
+        edges = {"demo": args.edge or DEMO / "edge", "self": cloud}
         for name in args.pairs.split(","):
             if name == "noised":
                 edges[name] = noised_copy(cloud, Path(tmp) / "noised", args.noise)
-            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats)
+            presets = edges[name] / "specdec_presets.toml" if name == "demo" and args.edge else PRESETS
+            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats, spec, presets)
             print(f"{name}: done", file=sys.stderr, flush=True)
     out["load_average_after"] = list(os.getloadavg())
     text = json.dumps(out, ensure_ascii=False, indent=2)
@@ -315,10 +337,9 @@ def table(out: dict[str, Any]) -> str:
     parts = []
     for name, p in out["pairs"].items():
         ip = p["in_process"]
-        acc = ip["quality"]["acceptance"]
-        parts.append(f"**{name}** (edge {p['edge']}; in process s/clip: edge {ip['edge']['s_per_clip']:.3f}, "
-                     f"cloud {ip['cloud']['s_per_clip']:.3f}, fluent {ip['fluent']['s_per_clip']:.3f}, "
-                     f"quality {ip['quality']['s_per_clip']:.3f}; quality acceptance "
+        acc = ip.get("quality", {}).get("acceptance")
+        times = ", ".join(f"{m} {v['s_per_clip']:.3f}" for m, v in ip.items())
+        parts.append(f"**{name}** (edge {p['edge']}; in process s/clip: {times}; quality acceptance "
                      f"{'-' if acc is None else f'{acc:.2f}'})\n")
         cols = list(next(iter(p["remote"].values())).keys())
         parts.append("| +ms | " + " | ".join(f"{c} s (trips)" for c in cols) + " | same |")
