@@ -73,8 +73,10 @@ def clips(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def calibrated(clips, tmp_path_factory) -> tuple[Path, str]:
+    """The presets file and the output of one calibrate run; its --report JSON is beside the file
+    (report.json)."""
     out = tmp_path_factory.mktemp("presets") / "presets.toml"
-    result = invoke("calibrate", str(clips), "--out", str(out), *FAST)
+    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--report", str(out.with_name("report.json")))
     assert result.exit_code == 0, result.stderr
     return out, result.stdout
 
@@ -128,6 +130,87 @@ def test_the_fitted_gate_falls_back_for_another_instruction(calibrated, clips):
     entropy = _record(wav, "--presets", str(out), "--verify", "entropy", "--k", "6",
                       "--threshold", repr(frugal["threshold"]), *other)
     assert {k: by_preset[k] for k in SAME} == {k: entropy[k] for k in SAME}
+
+
+def test_the_report_says_what_the_presets_file_says(calibrated):
+    """`calibrate --report` (what the docs tables about a calibration are drawn from) against an
+    independent reading of the same run: the presets file, parsed as TOML for the chosen settings
+    and read from its comments for their scores (written to 1 and 3 decimals)."""
+    from cli_helpers import cloud_only_measured, measured
+
+    out, _ = calibrated
+    text = out.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    report = json.loads(out.with_name("report.json").read_text(encoding="utf-8"))
+    settings = {s["name"]: s for s in report["settings"]}
+    assert len(settings) == len(report["settings"])  # one entry per setting run
+    assert (report["n_calib"], report["n_check"]) == (3, 3) and "clips: 6 from" in text
+    assert f"# quality measure: {report['measure']}" in text
+
+    # the baselines: the header's "cloud-only: quality C calibration / K check, ... per token c / k"
+    for name in ("cloud-only", "edge-only"):
+        s = settings[name]
+        assert s["mode"] != "spec" and s["chosen"] == []
+        line = next(x for x in text.splitlines() if x.startswith(f"# {name}: quality"))
+        assert line == (f"# {name}: quality {s['calibration']['quality']:.1f} calibration / "
+                        f"{s['check']['quality']:.1f} check, cloud calls per token "
+                        f"{s['calibration']['call_rate']:.3f} / {s['check']['call_rate']:.3f}")
+    assert cloud_only_measured(text) == (round(settings["cloud-only"]["calibration"]["quality"], 1),
+                                         round(settings["cloud-only"]["check"]["quality"], 1))
+
+    # each written preset is the setting the report marks chosen, with the file's scores
+    scores = measured(text)
+    written = [n for n in ("quality", "fluent", "frugal") if n in data]
+    assert [c["name"] for c in report["choices"]] == ["quality", "fluent"]
+    assert (report["gate"]["met"], report["gate"]["name"]) == ("frugal" in data, "frugal")
+    chosen = {c["name"]: c["setting"] for c in report["choices"]} | {"frugal": report["gate"]["setting"]}
+    for name in written:
+        s, preset = settings[chosen[name]], data[name]
+        assert name in s["chosen"]
+        assert (s["mode"], s["k"], s["verify"]) == ("spec", preset["k"], preset["verify"])
+        if preset["verify"] == "meaning":
+            assert (s["gate_upload"], s["gate_verify"]) == (preset["gate_upload"], preset["gate_verify"])
+        else:
+            assert s["threshold"] == (None if math.isinf(preset["threshold"]) else preset["threshold"])
+        for half in ("calibration", "check"):
+            q, rate = scores[f"{name}/{half}"]
+            assert (f"{s[half]['quality']:.1f}", f"{s[half]['call_rate']:.3f}") == (f"{q:.1f}", f"{rate:.3f}")
+    # no setting claims a preset the file does not have
+    assert sorted(n for s in settings.values() for n in s["chosen"]) == sorted(written)
+
+    # the gate's own figures: its comments' zero-cloud share and work per clip, its swaps and weights
+    g = report["gate"]
+    for half, comment in (("calibration", "calibration half"), ("check", "check half")):
+        line = next(x for x in text.split("[frugal]")[1].splitlines() if x.startswith(f"# {comment}:"))
+        assert f"zero-cloud {100 * g[half]['zero_cloud_share']:.1f}%" in line
+        assert f"cloud work per clip {g[half]['work_per_clip']:.1f} tokens" in line
+        assert f"{g[half]['quality']:.1f}" in line and f"{g[half]['call_rate']:.3f}" in line
+    assert f"({g['swaps']} self-labelled swaps" in data["gate"]["description"]
+    assert g["weights"] == len(data["gate"]["ids"]) and g["margin"] == 1.0 and g["points"] == 3.0
+
+
+@pytest.mark.parametrize("where", ["a folder", "the --out file"])
+def test_a_bad_report_path_is_a_one_line_error_before_loading(tmp_path, clips, where):
+    out = tmp_path / "p.toml"
+    report = tmp_path if where == "a folder" else out
+    result = invoke("calibrate", str(clips), "--out", str(out), "--report", str(report), "--edge", str(tmp_path / "none"))
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert f"--report {report} must be a .json file path" in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_unwritable_report_is_a_one_line_error(tmp_path, clips):
+    """Checked before the models load as far as a path can be; a folder that cannot be made is
+    found when the report is written, after the presets file, and said in one line."""
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    report = tmp_path / "file" / "report.json"
+    result = invoke("calibrate", str(clips), "--out", str(tmp_path / "p.toml"), "--ks", "6", "--percentiles", "50",
+                    "--no-gate", "--limit", "2", "--report", str(report))
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"error: cannot write {report}") and "Traceback" not in result.output
+    assert not report.exists()
 
 
 def test_no_gate_writes_no_gate_table(tmp_path, clips):
