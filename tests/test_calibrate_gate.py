@@ -136,57 +136,13 @@ def test_the_report_says_what_the_presets_file_says(calibrated):
     """`calibrate --report` (what the docs tables about a calibration are drawn from) against an
     independent reading of the same run: the presets file, parsed as TOML for the chosen settings
     and read from its comments for their scores (written to 1 and 3 decimals)."""
-    from cli_helpers import cloud_only_measured, measured
+    from cli_helpers import report_matches_presets
 
     out, _ = calibrated
     text = out.read_text(encoding="utf-8")
-    data = tomllib.loads(text)
     report = json.loads(out.with_name("report.json").read_text(encoding="utf-8"))
-    settings = {s["name"]: s for s in report["settings"]}
-    assert len(settings) == len(report["settings"])  # one entry per setting run
     assert (report["n_calib"], report["n_check"]) == (3, 3) and "clips: 6 from" in text
-    assert f"# quality measure: {report['measure']}" in text
-
-    # the baselines: the header's "cloud-only: quality C calibration / K check, ... per token c / k"
-    for name in ("cloud-only", "edge-only"):
-        s = settings[name]
-        assert s["mode"] != "spec" and s["chosen"] == []
-        line = next(x for x in text.splitlines() if x.startswith(f"# {name}: quality"))
-        assert line == (f"# {name}: quality {s['calibration']['quality']:.1f} calibration / "
-                        f"{s['check']['quality']:.1f} check, cloud calls per token "
-                        f"{s['calibration']['call_rate']:.3f} / {s['check']['call_rate']:.3f}")
-    assert cloud_only_measured(text) == (round(settings["cloud-only"]["calibration"]["quality"], 1),
-                                         round(settings["cloud-only"]["check"]["quality"], 1))
-
-    # each written preset is the setting the report marks chosen, with the file's scores
-    scores = measured(text)
-    written = [n for n in ("quality", "fluent", "frugal") if n in data]
-    assert [c["name"] for c in report["choices"]] == ["quality", "fluent"]
-    assert (report["gate"]["met"], report["gate"]["name"]) == ("frugal" in data, "frugal")
-    chosen = {c["name"]: c["setting"] for c in report["choices"]} | {"frugal": report["gate"]["setting"]}
-    for name in written:
-        s, preset = settings[chosen[name]], data[name]
-        assert name in s["chosen"]
-        assert (s["mode"], s["k"], s["verify"]) == ("spec", preset["k"], preset["verify"])
-        if preset["verify"] == "meaning":
-            assert (s["gate_upload"], s["gate_verify"]) == (preset["gate_upload"], preset["gate_verify"])
-        else:
-            assert s["threshold"] == (None if math.isinf(preset["threshold"]) else preset["threshold"])
-        for half in ("calibration", "check"):
-            q, rate = scores[f"{name}/{half}"]
-            assert (f"{s[half]['quality']:.1f}", f"{s[half]['call_rate']:.3f}") == (f"{q:.1f}", f"{rate:.3f}")
-    # no setting claims a preset the file does not have
-    assert sorted(n for s in settings.values() for n in s["chosen"]) == sorted(written)
-
-    # the gate's own figures: its comments' zero-cloud share and work per clip, its swaps and weights
-    g = report["gate"]
-    for half, comment in (("calibration", "calibration half"), ("check", "check half")):
-        line = next(x for x in text.split("[frugal]")[1].splitlines() if x.startswith(f"# {comment}:"))
-        assert f"zero-cloud {100 * g[half]['zero_cloud_share']:.1f}%" in line
-        assert f"cloud work per clip {g[half]['work_per_clip']:.1f} tokens" in line
-        assert f"{g[half]['quality']:.1f}" in line and f"{g[half]['call_rate']:.3f}" in line
-    assert f"({g['swaps']} self-labelled swaps" in data["gate"]["description"]
-    assert g["weights"] == len(data["gate"]["ids"]) and g["margin"] == 1.0 and g["points"] == 3.0
+    report_matches_presets(report, text)
 
 
 @pytest.mark.parametrize("where", ["a folder", "the --out file"])
