@@ -38,7 +38,7 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
             ("docs/meaning-gate.md", "gate_signal_noised"), ("docs/demo-pair.md", "entropy_curve"),
             ("docs/demo-pair.md", "calibration_presets"), ("docs/demo-pair.md", "calibration_entropy"),
             ("docs/demo-pair.md", "calibration_meaning"), ("specdec_cli/demo/models/PRESETS.md", "calibration_presets"),
-            ("docs/calibrate.md", "calibration_sweep"), ("docs/calibrate.md", "calibration_presets")} <= marked
+            ("docs/calibrate.md", "calibration_presets")} <= marked
 
 
 def test_the_presets_tables_json_is_the_run_that_wrote_the_bundled_presets():
