@@ -18,7 +18,8 @@ work only, at most MAX_SWAPS per clip), for the task these settings describe (th
 instruction and system turn; any other task decodes with the entropy gate). Per k a
 never-escalating meaning run sets the gate_upload x gate_verify grid (gate_fit.sweep_named), and
 `frugal` is the cheapest meaning setting by the cloud's work per clip (a clip that goes up at all
-pays its prefill) within `fluent_points`, with `margin` standard errors of margin (1 by default,
+pays its prefill) within `frugal_points` (1 point by default, as quality: frugal is the
+preset that keeps clips on the device at quality's budget, not fluent's), with `margin` standard errors of margin (1 by default,
 `--margin`; calibration_objective.choose); written with the `[gate]` table only when one qualifies.
 
 Quality, in points (0–100):
@@ -344,7 +345,8 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               directory: Path, ks: Sequence[int], percentiles: Sequence[float], uncertainty: str = "sum",
               max_new_tokens: int = 64, batch_size: int = 8, settings: dict[str, Any] | None = None,
               quality_points: float = 1.0,
-              fluent_points: float = 3.0, progress: Progress | None = None, gate: bool = True,
+              fluent_points: float = 3.0, frugal_points: float = 1.0, progress: Progress | None = None,
+              gate: bool = True,
               max_swaps: int = MAX_SWAPS, margin: float = 1.0,
               on_skip: Callable[[Skipped], None] | None = None) -> Calibration:
     """Run cloud-only, edge-only and the threshold x k sweep over the clips, pick the presets on the
@@ -355,7 +357,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     `gate`: also fit the meaning gate on the calibration half (gate_fit.fit_gate on the edge-only
     answers, at most `max_swaps` swaps per clip: edge-only work) for the task these settings
     describe, sweep k x gate_upload x gate_verify (gate_fit.sweep) and choose `frugal`, the cheapest
-    meaning setting by cloud work per clip within `fluent_points` (calibration_objective.choose),
+    meaning setting by cloud work per clip within `frugal_points` (calibration_objective.choose),
     keeping `margin` standard errors of the calibration half's quality gap (its z; 0: the plain
     rule). A clip that cannot be read (what only decoding finds) is left out before the halves are
     drawn, told to `on_skip` (inputs.read_all)."""
@@ -469,10 +471,10 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
             return [clip_cost(r.stats[i], quality_of(i, r.texts[i])) for i in idx]
 
         by_name = {r.name: r for r in meaning}
-        name, _, met = choose([(r.name, costs(r, calib)) for r in meaning], costs(cloud_run, calib), fluent_points,
+        name, _, met = choose([(r.name, costs(r, calib)) for r in meaning], costs(cloud_run, calib), frugal_points,
                               z=margin)
         r = by_name[name]
-        gate_choice = GateChoice("frugal", fluent_points, r, score_clips(costs(r, calib)), score_clips(costs(r, check)),
+        gate_choice = GateChoice("frugal", frugal_points, r, score_clips(costs(r, calib)), score_clips(costs(r, check)),
                                  met, fitted, len(swaps), sum(w.changed for w in swaps), choices[1].run.cfg.threshold,
                                  margin)
 

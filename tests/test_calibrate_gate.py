@@ -193,7 +193,7 @@ def test_margin_is_the_objectives_z_for_frugal(tmp_path, clips, monkeypatch):
 
     monkeypatch.setattr(calibration, "choose", recording)
     out = tmp_path / "p.toml"
-    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--margin", "0", "--fluent-points", "100")
+    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--margin", "0", "--frugal-points", "100")
     assert result.exit_code == 0, result.stderr
     assert seen == [(100.0, 0.0)]
     text = out.read_text(encoding="utf-8")

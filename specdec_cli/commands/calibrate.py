@@ -58,6 +58,9 @@ def calibrate(
         min=0, help="quality = the cheapest setting within this many points of cloud-only.")] = 1.0,
     fluent_points: Annotated[float, typer.Option(
         min=0, help="fluent = the cheapest setting within this many points of cloud-only.")] = 3.0,
+    frugal_points: Annotated[float, typer.Option(
+        min=0, help="frugal (the meaning gate: easy clips stay on the device) = the cheapest setting by the "
+             "cloud's work per clip within this many points of cloud-only.")] = 1.0,
     ks: Annotated[str, typer.Option("--ks", help="Block lengths to sweep (comma list).")] = "4,6",
     percentiles: Annotated[str, typer.Option(
         help="Thresholds to sweep per k, as percentiles of the edge's block uncertainties (comma list; "
@@ -67,11 +70,11 @@ def calibrate(
     limit: Annotated[int | None, typer.Option(min=2, help="Only the first N clips.", show_default=False)] = None,
     gate: Annotated[bool, typer.Option(
         "--gate/--no-gate", help="Also fit the meaning gate on the calibration half (edge-only work), sweep its "
-        "two thresholds and write a frugal preset with the [gate] table when one is within --fluent-points. "
+        "two thresholds and write a frugal preset with the [gate] table when one is within --frugal-points. "
         "--no-gate: the entropy presets only (fewer decodes).")] = True,
     margin: Annotated[float, typer.Option(
         min=0, help="frugal keeps this many standard errors of the calibration half's accuracy gap inside "
-        "--fluent-points (0: the plain rule; more: a setting must beat the budget by more to be chosen).")] = 1.0,
+        "--frugal-points (0: the plain rule; more: a setting must beat the budget by more to be chosen).")] = 1.0,
     report: Annotated[Path | None, typer.Option(
         help="Also write every setting's scores on both halves and the choices here as JSON (what docs "
              "tables are drawn from).", show_default=False)] = None,
@@ -123,7 +126,7 @@ def calibrate(
             found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
                                           percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
                                           batch_size=batch_size, settings=base, quality_points=quality_points,
-                                          fluent_points=fluent_points, progress=_Bar(progress), gate=gate,
+                                          fluent_points=fluent_points, frugal_points=frugal_points, progress=_Bar(progress), gate=gate,
                                           margin=margin, on_skip=on_skip)
     except KeyboardInterrupt:
         raise Interrupted(f"{out} was not written: the presets are chosen once every setting has run on every "
@@ -179,7 +182,9 @@ def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], c
     table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
-        table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True)
+        # The preset column never shrinks: a cut name ("quali…") hides the one thing the table is for.
+        table.add_column(header, justify="left" if header in ("setting", "preset") else "right", no_wrap=True,
+                         min_width=len("quality") if header == "preset" else None)
 
     def order(r: Run) -> tuple:
         meaning = r.cfg.verify == "meaning"
