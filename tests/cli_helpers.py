@@ -144,6 +144,9 @@ def report_matches_presets(report: dict, text: str) -> None:
     scores = measured(text)
     written = [n for n in ("quality", "fluent", "frugal") if n in data]
     assert [c["name"] for c in report["choices"]] == ["quality", "fluent"]
+    for c in report["choices"]:
+        assert f"within {c['points']:g} point(s)" in data[c["name"]]["description"]
+        assert data[c["name"]]["description"].startswith("cheapest") is c["met"]
     g = report["gate"]  # None: --no-gate
     assert (g is not None and g["met"]) == ("frugal" in data) == ("gate" in data)
     chosen = {c["name"]: c["setting"] for c in report["choices"]} | ({} if g is None else {g["name"]: g["setting"]})
@@ -170,4 +173,6 @@ def report_matches_presets(report: dict, text: str) -> None:
         assert f"cloud work per clip {g[half]['work_per_clip']:.1f} tokens" in line
         assert f"{g[half]['quality']:.1f}" in line and f"{g[half]['call_rate']:.3f}" in line
     assert f"({g['swaps']} self-labelled swaps" in data["gate"]["description"]
-    assert g["weights"] == len(data["gate"]["ids"]) and g["margin"] == 1.0 and g["points"] == 3.0
+    assert g["weights"] == len(data["gate"]["ids"])
+    assert f"within {g['points']:g} point(s)" in data["frugal"]["description"]
+    assert ("--margin" in data["frugal"]["description"]) is (g["margin"] != 1.0)
