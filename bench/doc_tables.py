@@ -224,6 +224,28 @@ def calibration_presets(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def bundled_presets(report: dict[str, Any]) -> list[str]:
+    """docs/usage.md: the demo pair's presets as `specdec presets` lists them, from the calibrate run
+    that wrote them (docs/presets-calibration.json): each preset's setting and its budget."""
+    by_name = {s["name"]: s for s in report["settings"]}
+    fluent = next(c for c in report["choices"] if c["name"] == "fluent")
+    rows = ["| preset | threshold | k | verify | chosen by `specdec calibrate` as |", "|---|---|---|---|---|"]
+    for c in report["choices"]:
+        s = by_name[c["setting"]]
+        how = "cheapest" if c["met"] else "none within the budget: best quality"
+        rows.append(f"| {c['name']} | {_num(s['threshold'])} | {s['k']} | entropy | {how} within {c['points']:g} "
+                    f"point(s) of cloud-only (calls per token) |")
+    g = report["gate"]
+    if g is not None and g["met"]:
+        s = by_name[g["setting"]]
+        rows.append(f"| {g['name']} | {_num(by_name[fluent['setting']]['threshold'])} (fluent's, for another task) | "
+                    f"{s['k']} | meaning: `gate_upload` {_num(s['gate_upload'])}, `gate_verify` {_num(s['gate_verify'])} | "
+                    f"cheapest within {g['points']:g} point(s) of cloud-only by the cloud's work per clip; "
+                    f"{pct(g['calibration']['zero_cloud_share'])} / {pct(g['check']['zero_cloud_share'])} % of "
+                    "the calibration / check clips never reached the cloud |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_models": demo_models,
     "entropy_curve": entropy_curve,
@@ -231,6 +253,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "calibration_entropy": calibration_entropy,
     "calibration_meaning": calibration_meaning,
     "calibration_presets": calibration_presets,
+    "bundled_presets": bundled_presets,
     "gate_signal": gate_signal,
     "gate_signal_noised": gate_signal_noised,
 }

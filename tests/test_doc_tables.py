@@ -38,7 +38,7 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
             ("docs/meaning-gate.md", "gate_signal_noised"), ("docs/demo-pair.md", "entropy_curve"),
             ("docs/demo-pair.md", "calibration_presets"), ("docs/demo-pair.md", "calibration_entropy"),
             ("docs/demo-pair.md", "calibration_meaning"), ("specdec_cli/demo/models/PRESETS.md", "calibration_presets"),
-            ("docs/calibrate.md", "calibration_presets")} <= marked
+            ("docs/calibrate.md", "calibration_presets"), ("docs/usage.md", "bundled_presets")} <= marked
 
 
 def test_the_presets_tables_json_is_the_run_that_wrote_the_bundled_presets():
@@ -75,7 +75,7 @@ def test_the_calibration_renderers_order_name_and_mark_settings_as_calibrate_doe
         _setting("k=6 t=0", threshold=0.0, q=99.0, rate=0.2)],
         "choices": [{"name": "quality", "points": 1.0, "met": True, "setting": "k=6 t=0.5"},
                     {"name": "fluent", "points": 3.0, "met": True, "setting": "k=6 t=0.5"}],
-        "gate": {"name": "frugal", "met": True, "setting": "m", "calibration": half, "check": dict(half, zero_cloud_share=0.5)}}
+        "gate": {"name": "frugal", "met": True, "points": 1.0, "setting": "m", "calibration": half, "check": dict(half, zero_cloud_share=0.5)}}
     sweep = dt.calibration_sweep(report)
     assert [r.split(" | ")[0] for r in sweep[2:]] == [
         "| cloud-only", "| edge-only", "| k 4 · t 0.0", "| k 6 · t 0.0", "| **k 6 · t 0.5**", "| k 6 · t inf",
@@ -90,8 +90,12 @@ def test_the_calibration_renderers_order_name_and_mark_settings_as_calibrate_doe
         "| **fluent** | k 6 · t 0.5 | 0.100 / 0.050 | 90.0 / 89.0 | \u22129.0 |  |",
         "| **frugal** | k 6 · 0.5/0.25 | 0.100 / 0.050 | 90.0 / 89.0 | \u22129.0 | 25.0 / 50.0 % |",
         "| every block verified | k 6 · t 0.0 | 0.200 / 0.100 | 99.0 / 98.0 | 0.0 |  |"]
+    listed = dt.bundled_presets(report)
+    assert [r.split(" | ")[:3] for r in listed[2:]] == [["| quality", "0.5", "6"], ["| fluent", "0.5", "6"],
+                                                         ["| frugal", "0.5 (fluent's, for another task)", "6"]]
+    assert "`gate_upload` 0.5, `gate_verify` 0.25" in listed[-1] and "25.0 / 50.0 %" in listed[-1]
     report["gate"]["met"] = False  # no frugal written: no frugal row
-    assert not any("frugal" in r for r in dt.calibration_presets(report)[2:])
+    assert not any("frugal" in r for r in dt.calibration_presets(report)[2:] + dt.bundled_presets(report)[2:])
 
 
 def test_the_entropy_curve_table_is_report_jsons():
