@@ -658,6 +658,133 @@ def frugal_origin(report: dict[str, Any]) -> list[str]:
     return head + rows
 
 
+def entropy_curve(report: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: evaluate_pair's entropy-vs-disagreement curve (report.json): teacher-forced
+    along the edge's greedy answers, how often the cloud's argmax differs, per edge-entropy decile."""
+    curve = report["entropy_curve"]
+
+    def nats(x: float) -> str:
+        return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
+
+    rows = ["| edge entropy decile | entropy (nats) | tokens | the cloud disagrees |", "|---:|---|---:|---:|"]
+    for d in curve["deciles"]:
+        rows.append(f"| {d['decile']} | {nats(d['entropy_min'])}–{nats(d['entropy_max'])} | {d['tokens']:,} | "
+                    f"{pct(d['disagree_rate'])} % |")
+    bottom = sum(d["tokens"] for d in curve["deciles"][:len(curve["deciles"]) // 2])
+    rows.append(f"| bottom half / top decile / all | | {bottom:,} / {curve['deciles'][-1]['tokens']:,} / "
+                f"{curve['tokens']:,} | {pct(curve['bottom_half_rate'])} / {pct(curve['top_decile_rate'])} / "
+                f"{pct(curve['overall_rate'])} % |")
+    return rows
+
+
+# calibrate --report (specdec_cli/calibrate.py Calibration.report): one setting per row.
+def _num(x: float | None) -> str:
+    """A threshold as calibrate prints it (toml_float: repr, inf); JSON null is inf."""
+    return "inf" if x is None or x == float("inf") else repr(float(x))
+
+
+def setting_label(s: dict[str, Any]) -> str:
+    """As calibrate's table names a setting: `k 6 · t 0.327` (entropy), `k 6 · 0.54/0.102` (the
+    meaning gate's gate_upload/gate_verify), or the baseline's name."""
+    if s["mode"] != "spec":
+        return s["name"]
+    if s["verify"] == "meaning":
+        return f"k {s['k']} · {_num(s['gate_upload'])}/{_num(s['gate_verify'])}"
+    return f"k {s['k']} · t {_num(s['threshold'])}"
+
+
+def _order(s: dict[str, Any]) -> tuple:
+    """calibrate's table order: the baselines, then the entropy sweep, then the meaning gate's, each
+    by k and threshold(s)."""
+    inf = float("inf")
+    if s["mode"] != "spec":
+        return (0, 0, 0.0, 0.0)
+    if s["verify"] == "meaning":
+        return (2, s["k"], s["gate_upload"], s["gate_verify"])
+    return (1, s["k"], inf if s["threshold"] is None else s["threshold"], 0.0)
+
+
+def _sweep(report: dict[str, Any], groups: tuple[int, ...]) -> list[str]:
+    rows = ["| setting | calls/tok | quality | check calls/tok | check quality | chosen |",
+            "|---|---:|---:|---:|---:|---|"]
+    for s in sorted(report["settings"], key=_order):
+        if _order(s)[0] in groups:
+            cal, chk = s["calibration"], s["check"]
+            bold = "**" if s["chosen"] else ""
+            rows.append(f"| {bold}{setting_label(s)}{bold} | {cal['call_rate']:.3f} | {cal['quality']:.1f} | "
+                        f"{chk['call_rate']:.3f} | {chk['quality']:.1f} | {', '.join(s['chosen'])} |")
+    return rows
+
+
+def calibration_sweep(report: dict[str, Any]) -> list[str]:
+    """Every setting of a calibrate run (its --report), as the command's table shows them."""
+    return _sweep(report, (0, 1, 2))
+
+
+def calibration_entropy(report: dict[str, Any]) -> list[str]:
+    """The baselines and the entropy threshold x k sweep of a calibrate run (quality and fluent)."""
+    return _sweep(report, (0, 1))
+
+
+def calibration_meaning(report: dict[str, Any]) -> list[str]:
+    """The baselines and the meaning gate's gate_upload x gate_verify x k sweep (frugal)."""
+    return _sweep(report, (0, 2))
+
+
+def calibration_presets(report: dict[str, Any]) -> list[str]:
+    """What a calibrate run chose (its --report): the baselines, each preset written, and the
+    setting that verifies every block at quality's k, on both halves; the check half's distance
+    from cloud-only (clips the choice never saw), and for frugal the share of clips that never
+    reached the cloud."""
+    by_name = {s["name"]: s for s in report["settings"]}
+    cloud_chk = by_name["cloud-only"]["check"]["quality"]
+    gate = report["gate"] if report["gate"] is not None and report["gate"]["met"] else None
+    picked = [(c["name"], by_name[c["setting"]], c["met"]) for c in report["choices"]]
+    rows = ["| preset | setting | calls/tok (cal / check) | quality (cal / check) | check vs cloud-only, points "
+            "| clips with no cloud work (cal / check) |", "|---|---|---|---|---:|---|"]
+
+    def row(label: str, s: dict[str, Any], zero: str = "") -> str:
+        cal, chk = s["calibration"], s["check"]
+        return (f"| {label} | {setting_label(s) if s['mode'] == 'spec' else '—'} | {cal['call_rate']:.3f} / {chk['call_rate']:.3f} | "
+                f"{cal['quality']:.1f} / {chk['quality']:.1f} | {signed(chk['quality'] - cloud_chk)} | {zero} |")
+
+    rows.append(row("cloud-only", by_name["cloud-only"], "0 / 0 %"))
+    rows.append(row("edge-only", by_name["edge-only"], "100 / 100 %"))
+    for name, s, met in picked:
+        rows.append(row(f"**{name}**" + ("" if met else " (none within its points: best quality)"), s))
+    if gate is not None:
+        rows.append(row(f"**{gate['name']}**", by_name[gate["setting"]],
+                        f"{pct(gate['calibration']['zero_cloud_share'])} / {pct(gate['check']['zero_cloud_share'])} %"))
+    k = picked[0][1]["k"]
+    every = next((s for s in report["settings"] if s["mode"] == "spec" and s["verify"] != "meaning"
+                  and s["k"] == k and s["threshold"] == 0.0), None)
+    if every is not None:
+        rows.append(row("every block verified", every))
+    return rows
+
+
+def bundled_presets(report: dict[str, Any]) -> list[str]:
+    """docs/usage.md: the demo pair's presets as `specdec presets` lists them, from the calibrate run
+    that wrote them (docs/presets-calibration.json): each preset's setting and its budget."""
+    by_name = {s["name"]: s for s in report["settings"]}
+    fluent = next(c for c in report["choices"] if c["name"] == "fluent")
+    rows = ["| preset | threshold | k | verify | chosen by `specdec calibrate` as |", "|---|---|---|---|---|"]
+    for c in report["choices"]:
+        s = by_name[c["setting"]]
+        how = "cheapest" if c["met"] else "none within the budget: best quality"
+        rows.append(f"| {c['name']} | {_num(s['threshold'])} | {s['k']} | entropy | {how} within {c['points']:g} "
+                    f"point(s) of cloud-only (calls per token) |")
+    g = report["gate"]
+    if g is not None and g["met"]:
+        s = by_name[g["setting"]]
+        rows.append(f"| {g['name']} | {_num(by_name[fluent['setting']]['threshold'])} (fluent's, for another task) | "
+                    f"{s['k']} | meaning: `gate_upload` {_num(s['gate_upload'])}, `gate_verify` {_num(s['gate_verify'])} | "
+                    f"cheapest within {g['points']:g} point(s) of cloud-only by the cloud's work per clip; "
+                    f"{pct(g['calibration']['zero_cloud_share'])} / {pct(g['check']['zero_cloud_share'])} % of "
+                    "the calibration / check clips never reached the cloud |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
     "capacity_goal": capacity_goal,
     **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")
@@ -667,6 +794,12 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_goals": demo_goals,
     "demo_goals_settings": demo_goals_settings,
     "demo_models": demo_models,
+    "entropy_curve": entropy_curve,
+    "calibration_sweep": calibration_sweep,
+    "calibration_entropy": calibration_entropy,
+    "calibration_meaning": calibration_meaning,
+    "calibration_presets": calibration_presets,
+    "bundled_presets": bundled_presets,
     "gate_signal": gate_signal,
     "gate_signal_v2": gate_signal_v2,
     "gate_signal_noised": gate_signal_noised,

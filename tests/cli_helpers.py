@@ -3,11 +3,13 @@ installed `specdec` command. (The fixtures are in cli_fixtures.py.)"""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +117,62 @@ def heldout_clips(tmp_path_factory: pytest.TempPathFactory, clips: int, start: i
     out = tmp_path_factory.mktemp("heldout")
     write_heldout(out, clips, start=start)
     return sorted(out.glob("*.wav"))
+
+
+def report_matches_presets(report: dict, text: str) -> None:
+    """`calibrate --report`'s JSON says what the presets file `text` of the same run says: the file
+    parsed as TOML for the chosen settings, its comments (written to 1 and 3 decimals) for their
+    scores: an independent reading of the same run."""
+    data = tomllib.loads(text)
+    settings = {s["name"]: s for s in report["settings"]}
+    assert len(settings) == len(report["settings"])  # one entry per setting run
+    assert f"({report['n_calib']} calibration: 1st, 3rd, ...; {report['n_check']} check" in text
+    assert f"# quality measure: {report['measure']}" in text
+
+    # the baselines: the header's "cloud-only: quality C calibration / K check, ... per token c / k"
+    for name in ("cloud-only", "edge-only"):
+        s = settings[name]
+        assert s["mode"] != "spec" and s["chosen"] == []
+        line = next(x for x in text.splitlines() if x.startswith(f"# {name}: quality"))
+        assert line == (f"# {name}: quality {s['calibration']['quality']:.1f} calibration / "
+                        f"{s['check']['quality']:.1f} check, cloud calls per token "
+                        f"{s['calibration']['call_rate']:.3f} / {s['check']['call_rate']:.3f}")
+    assert cloud_only_measured(text) == (round(settings["cloud-only"]["calibration"]["quality"], 1),
+                                         round(settings["cloud-only"]["check"]["quality"], 1))
+
+    # each written preset is the setting the report marks chosen, with the file's scores
+    scores = measured(text)
+    written = [n for n in ("quality", "fluent", "frugal") if n in data]
+    assert [c["name"] for c in report["choices"]] == ["quality", "fluent"]
+    for c in report["choices"]:
+        assert f"within {c['points']:g} point(s)" in data[c["name"]]["description"]
+        assert data[c["name"]]["description"].startswith("cheapest") is c["met"]
+    g = report["gate"]  # None: --no-gate
+    assert (g is not None and g["met"]) == ("frugal" in data) == ("gate" in data)
+    chosen = {c["name"]: c["setting"] for c in report["choices"]} | ({} if g is None else {g["name"]: g["setting"]})
+    for name in written:
+        s, preset = settings[chosen[name]], data[name]
+        assert name in s["chosen"]
+        assert (s["mode"], s["k"], s["verify"]) == ("spec", preset["k"], preset["verify"])
+        if preset["verify"] == "meaning":
+            assert (s["gate_upload"], s["gate_verify"]) == (preset["gate_upload"], preset["gate_verify"])
+        else:
+            assert s["threshold"] == (None if math.isinf(preset["threshold"]) else preset["threshold"])
+        for half in ("calibration", "check"):
+            q, rate = scores[f"{name}/{half}"]
+            assert (f"{s[half]['quality']:.1f}", f"{s[half]['call_rate']:.3f}") == (f"{q:.1f}", f"{rate:.3f}")
+    # no setting claims a preset the file does not have
+    assert sorted(n for s in settings.values() for n in s["chosen"]) == sorted(written)
+
+    # the gate's own figures: its comments' zero-cloud share and work per clip, its swaps and weights
+    if "frugal" not in data:
+        return
+    for half, comment in (("calibration", "calibration half"), ("check", "check half")):
+        line = next(x for x in text.split("[frugal]")[1].splitlines() if x.startswith(f"# {comment}:"))
+        assert f"zero-cloud {100 * g[half]['zero_cloud_share']:.1f}%" in line
+        assert f"cloud work per clip {g[half]['work_per_clip']:.1f} tokens" in line
+        assert f"{g[half]['quality']:.1f}" in line and f"{g[half]['call_rate']:.3f}" in line
+    assert f"({g['swaps']} self-labelled swaps" in data["gate"]["description"]
+    assert g["weights"] == len(data["gate"]["ids"])
+    assert f"within {g['points']:g} point(s)" in data["frugal"]["description"]
+    assert ("--margin" in data["frugal"]["description"]) is (g["margin"] != 1.0)

@@ -73,8 +73,10 @@ def clips(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def calibrated(clips, tmp_path_factory) -> tuple[Path, str]:
+    """The presets file and the output of one calibrate run; its --report JSON is beside the file
+    (report.json)."""
     out = tmp_path_factory.mktemp("presets") / "presets.toml"
-    result = invoke("calibrate", str(clips), "--out", str(out), *FAST)
+    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--report", str(out.with_name("report.json")))
     assert result.exit_code == 0, result.stderr
     return out, result.stdout
 
@@ -128,6 +130,43 @@ def test_the_fitted_gate_falls_back_for_another_instruction(calibrated, clips):
     entropy = _record(wav, "--presets", str(out), "--verify", "entropy", "--k", "6",
                       "--threshold", repr(frugal["threshold"]), *other)
     assert {k: by_preset[k] for k in SAME} == {k: entropy[k] for k in SAME}
+
+
+def test_the_report_says_what_the_presets_file_says(calibrated):
+    """`calibrate --report` (what the docs tables about a calibration are drawn from) against an
+    independent reading of the same run: the presets file, parsed as TOML for the chosen settings
+    and read from its comments for their scores (written to 1 and 3 decimals)."""
+    from cli_helpers import report_matches_presets
+
+    out, _ = calibrated
+    text = out.read_text(encoding="utf-8")
+    report = json.loads(out.with_name("report.json").read_text(encoding="utf-8"))
+    assert (report["n_calib"], report["n_check"]) == (3, 3) and "clips: 6 from" in text
+    report_matches_presets(report, text)
+
+
+@pytest.mark.parametrize("where", ["a folder", "the --out file"])
+def test_a_bad_report_path_is_a_one_line_error_before_loading(tmp_path, clips, where):
+    out = tmp_path / "p.toml"
+    report = tmp_path if where == "a folder" else out
+    result = invoke("calibrate", str(clips), "--out", str(out), "--report", str(report), "--edge", str(tmp_path / "none"))
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert f"--report {report} must be a .json file path" in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_unwritable_report_is_a_one_line_error(tmp_path, clips):
+    """Checked before the models load as far as a path can be; a folder that cannot be made is
+    found when the report is written, after the presets file, and said in one line."""
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    report = tmp_path / "file" / "report.json"
+    result = invoke("calibrate", str(clips), "--out", str(tmp_path / "p.toml"), "--ks", "6", "--percentiles", "50",
+                    "--no-gate", "--limit", "2", "--report", str(report))
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"error: cannot write {report}") and "Traceback" not in result.output
+    assert not report.exists()
 
 
 def test_no_gate_writes_no_gate_table(tmp_path, clips):

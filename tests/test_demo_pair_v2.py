@@ -1,5 +1,5 @@
-"""What the bundled demo pair (v2, issue 11) must show: its tokenizer, its report's bar, its samples
-and its presets."""
+"""What the bundled demo pair must show: its tokenizer, its report's bar (the cloud's from v2, issue
+11; the edge's from v3, issue 34), its samples and its presets."""
 
 from __future__ import annotations
 
@@ -52,10 +52,17 @@ def test_report_meets_the_bar_and_describes_the_bundled_models(bundled_pair):
     for lo, hi in BUCKETS:
         assert acc[f"{lo}-{hi}"]["mean"] >= 0.93, (lo, hi)
     assert cloud["noisy"]["mean"] >= 0.88
+    # v3's edge (issue 34, items 1-2): a real drafter, at most 300 k parameters without the vision
+    # tower and at most half the cloud's time per token (measured in the same run), that still
+    # leaves the cloud a real job: 88-95 % mean attribute accuracy, clean and noisy
     assert edge["mean_accuracy"] <= cloud["mean_accuracy"] - 0.05
-    assert 3 * edge["params"]["no_vision"] <= cloud["params"]["no_vision"]
-    assert edge["ms_per_token"] < cloud["ms_per_token"]
-    ratio = report["entropy_curve"]["ratio"]  # None: the cloud never disagrees in the bottom half
+    for mean in (edge["accuracy"]["all"]["mean"], edge["noisy"]["mean"]):
+        assert 0.88 <= mean <= 0.95
+    assert edge["params"]["no_vision"] <= 300_000 and 3 * edge["params"]["no_vision"] <= cloud["params"]["no_vision"]
+    assert 2 * edge["ms_per_token"] <= cloud["ms_per_token"]
+    # its doubts follow the cloud's: the cloud disagrees on the edge's top-entropy decile, and on
+    # at most a fifth as many of its bottom-half tokens (None: never)
+    ratio = report["entropy_curve"]["ratio"]
     assert report["entropy_curve"]["top_decile_rate"] > 0 and (ratio is None or ratio >= 5)
 
 

@@ -39,12 +39,15 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
             ("docs/meaning-gate.md", "gate_signal_goal"), ("docs/meaning-gate.md", "gate_signal_before_after"),
             ("docs/meaning-gate.md", "gate_signal_attributes"), ("docs/meaning-gate.md", "frugal_origin"),
             ("docs/meaning-gate.md", "gate_choices"), ("docs/meaning-gate.md", "gate_choices_calibration")} <= marked
+    assert {("docs/meaning-gate.md", "gate_signal_noised"), ("docs/demo-pair.md", "entropy_curve"),
+            ("docs/demo-pair.md", "calibration_presets"), ("docs/demo-pair.md", "calibration_entropy"),
+            ("docs/demo-pair.md", "calibration_meaning"), ("specdec_cli/demo/models/PRESETS.md", "calibration_presets"),
+            ("docs/calibrate.md", "calibration_presets"), ("docs/usage.md", "bundled_presets")} <= marked
     # docs/benchmarks.md: every section that quotes the demo pair
     assert {("docs/benchmarks.md", r) for r in ("eval_modes", "bench_identity", "bench_gated", "bench_cloud_work",
                                                  "batched", "remote", "server_batching", "server_batching_wider",
                                                  "server_windows", "loop_overhead", "ray_batch",
                                                  "ray_batch_cli")} <= marked
-    assert ("docs/usage.md", "demo_presets") in marked
     assert "docs/eval-samples.md" in dt.GENERATED_PAGES
 
 
@@ -69,6 +72,74 @@ def test_a_generated_page_is_checked_whole_and_rewritten(tmp_path):
     moved["modes"][0]["mean_accuracy"] = 0.5
     (tmp_path / "docs/eval-samples.json").write_text(json.dumps(moved), encoding="utf-8")
     assert len(dt.stale(tmp_path)) == 1
+
+
+def test_the_presets_tables_json_is_the_run_that_wrote_the_bundled_presets():
+    """docs/presets-calibration.json (what the demo pair's presets tables are drawn from) and the
+    bundled presets file come from one `make presets` run: every preset the file holds is the
+    setting the JSON marks chosen, with the scores the file's comments give (tests/cli_helpers.py);
+    and the two bundled copies are the same file."""
+    from cli_helpers import report_matches_presets
+
+    models = ROOT / "specdec_cli/demo/models"
+    text = (models / "edge/specdec_presets.toml").read_text(encoding="utf-8")
+    assert (models / "cloud/specdec_presets.toml").read_text(encoding="utf-8") == text
+    report = json.loads((ROOT / "docs/presets-calibration.json").read_text(encoding="utf-8"))
+    report_matches_presets(report, text)
+
+
+def _setting(name: str, mode: str = "spec", k: int = 6, verify: str = "entropy", chosen: tuple[str, ...] = (),
+             q: float = 90.0, rate: float = 0.1, **kw) -> dict:
+    return {"name": name, "mode": mode, "k": k, "verify": verify, **kw, "chosen": list(chosen),
+            "calibration": {"quality": q, "call_rate": rate}, "check": {"quality": q - 1, "call_rate": rate / 2}}
+
+
+def test_the_calibration_renderers_order_name_and_mark_settings_as_calibrate_does():
+    """A hand-made report: baselines first, then the entropy sweep by k and threshold (JSON null = inf),
+    then the meaning sweep; the chosen rows bold with their presets; the presets table takes frugal's
+    clips at home from the gate and compares each check half with cloud-only's."""
+    dt = tables_module()
+    half = {"quality": 95.0, "call_rate": 0.05, "zero_cloud_share": 0.25, "work_per_clip": 10.0}
+    report = {"measure": "m", "n_calib": 2, "n_check": 2, "settings": [
+        _setting("k=6 t=inf", threshold=None, q=80.0, rate=0.0), _setting("m", verify="meaning", gate_upload=0.5,
+                                                                          gate_verify=0.25, chosen=("frugal",)),
+        _setting("k=6 t=0.5", threshold=0.5, chosen=("quality", "fluent")), _setting("k=4 t=0", k=4, threshold=0.0),
+        _setting("cloud-only", "cloud", q=99.0, rate=0.9), _setting("edge-only", "edge", q=80.0, rate=0.0),
+        _setting("k=6 t=0", threshold=0.0, q=99.0, rate=0.2)],
+        "choices": [{"name": "quality", "points": 1.0, "met": True, "setting": "k=6 t=0.5"},
+                    {"name": "fluent", "points": 3.0, "met": True, "setting": "k=6 t=0.5"}],
+        "gate": {"name": "frugal", "met": True, "points": 1.0, "setting": "m", "calibration": half, "check": dict(half, zero_cloud_share=0.5)}}
+    sweep = dt.calibration_sweep(report)
+    assert [r.split(" | ")[0] for r in sweep[2:]] == [
+        "| cloud-only", "| edge-only", "| k 4 · t 0.0", "| k 6 · t 0.0", "| **k 6 · t 0.5**", "| k 6 · t inf",
+        "| **k 6 · 0.5/0.25**"]
+    assert sweep[6] == "| **k 6 · t 0.5** | 0.100 | 90.0 | 0.050 | 89.0 | quality, fluent |"
+    assert len(dt.calibration_entropy(report)) == 2 + 6 and len(dt.calibration_meaning(report)) == 2 + 3
+    chosen = dt.calibration_presets(report)
+    assert chosen[2:] == [
+        "| cloud-only | — | 0.900 / 0.450 | 99.0 / 98.0 | 0.0 | 0 / 0 % |",
+        "| edge-only | — | 0.000 / 0.000 | 80.0 / 79.0 | \u221219.0 | 100 / 100 % |",
+        "| **quality** | k 6 · t 0.5 | 0.100 / 0.050 | 90.0 / 89.0 | \u22129.0 |  |",
+        "| **fluent** | k 6 · t 0.5 | 0.100 / 0.050 | 90.0 / 89.0 | \u22129.0 |  |",
+        "| **frugal** | k 6 · 0.5/0.25 | 0.100 / 0.050 | 90.0 / 89.0 | \u22129.0 | 25.0 / 50.0 % |",
+        "| every block verified | k 6 · t 0.0 | 0.200 / 0.100 | 99.0 / 98.0 | 0.0 |  |"]
+    listed = dt.bundled_presets(report)
+    assert [r.split(" | ")[:3] for r in listed[2:]] == [["| quality", "0.5", "6"], ["| fluent", "0.5", "6"],
+                                                         ["| frugal", "0.5 (fluent's, for another task)", "6"]]
+    assert "`gate_upload` 0.5, `gate_verify` 0.25" in listed[-1] and "25.0 / 50.0 %" in listed[-1]
+    report["gate"]["met"] = False  # no frugal written: no frugal row
+    assert not any("frugal" in r for r in dt.calibration_presets(report)[2:] + dt.bundled_presets(report)[2:])
+
+
+def test_the_entropy_curve_table_is_report_jsons():
+    dt = tables_module()
+    report = json.loads((ROOT / "specdec_cli/demo/models/report.json").read_text(encoding="utf-8"))
+    rows = dt.entropy_curve(report)
+    curve = report["entropy_curve"]
+    assert len(rows) == 2 + len(curve["deciles"]) + 1
+    top = curve["deciles"][-1]
+    assert rows[-2].startswith(f"| {top['decile']} |") and rows[-2].endswith(f"| {100 * top['disagree_rate']:.1f} % |")
+    assert f"{curve['tokens']:,}" in rows[-1]
 
 
 def _page(root: Path, run: dict) -> Path:

@@ -27,6 +27,9 @@ SAMPLES = ROOT / "samples"
 DEMO_PRESETS = DEMO_DIR / "edge" / PRESETS_FILE
 CLIP = SAMPLES / "f_mid_mid_loud.wav"
 OTHER_TASK = "请用一句中文描述说话人的情绪。"
+# The bundled presets as written (tomllib): what the decoded events, traces and modes must carry.
+BUNDLED = tomllib.loads(DEMO_PRESETS.read_text(encoding="utf-8"))
+FRUGAL, QUALITY = BUNDLED["frugal"], BUNDLED["quality"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,7 @@ def test_the_bundled_presets_hold_frugal_on_the_meaning_gate():
     assert frugal["verify"] == "meaning" and {"gate_upload", "gate_verify", "threshold"} <= set(frugal)
     for name in ("fluent", "quality"):  # unchanged: the entropy gate
         assert presets[name].values["verify"] == "entropy"
+    assert frugal["threshold"] == presets["fluent"].values["threshold"]  # its fallback is fluent's (calibrate)
     data = tomllib.loads(DEMO_PRESETS.read_text(encoding="utf-8"))
     assert load_gates(DEMO_PRESETS) == parse_gate(data["gate"])
     # The cloud folder carries the same file (a user may point --edge at either).
@@ -51,8 +55,8 @@ def test_the_pair_holds_the_fitted_gate_and_decodes_with_it(pair):
     assert pair.gate is not None and pair.gate == load_gates(DEMO_PRESETS)
     result = pair.describe(CLIP, preset="frugal")
     assert result.events and all(e.gate == "meaning" for e in result.events)
-    assert all(e.limit in (0.758, 0.369) for e in result.events)
-    assert result.settings["gate"] and result.settings["gate_upload"] == 0.758
+    assert all(e.limit in (FRUGAL["gate_upload"], FRUGAL["gate_verify"]) for e in result.events)
+    assert result.settings["gate"] and result.settings["gate_upload"] == FRUGAL["gate_upload"]
 
 
 def test_lossless_modes_hold_through_the_preset(pair):
@@ -84,7 +88,7 @@ def test_another_instruction_falls_back_to_the_entropy_gate(pair):
     meaning = pair.describe(CLIP, preset="frugal", instruction=OTHER_TASK)
     entropy = pair.describe(CLIP, preset="frugal", verify="entropy", instruction=OTHER_TASK)
     assert meaning.token_ids == entropy.token_ids
-    assert meaning.events and all(e.gate == "entropy" and e.limit == 1.23 for e in meaning.events)
+    assert meaning.events and all(e.gate == "entropy" and e.limit == FRUGAL["threshold"] for e in meaning.events)
     assert [e.escalated for e in meaning.events] == [e.escalated for e in entropy.events]
     assert meaning.settings["gate"] is None  # the record names no gate: none decided
     assert pair.describe(CLIP, preset="frugal").settings["gate"] is not None  # the gate's own task
@@ -158,7 +162,7 @@ def test_the_trace_and_the_plot_show_the_meaning_score_against_its_limit(pair, t
     result = pair.describe(CLIP, preset="frugal")
     cfg = pair.settings("frugal")
     lines = [line.plain for line in trace_lines(result.events, pair.tokenizer, cfg)]
-    assert "Σm > 0.758" in lines[0] and "0.369" in lines[0]
+    assert f"Σm > {FRUGAL['gate_upload']:g}" in lines[0] and f"{FRUGAL['gate_verify']:g}" in lines[0]
     for e, line in zip(result.events, lines[1:], strict=True):
         assert f"Σm {e.score:.2f} {'>' if e.score > e.limit else '≤'} {e.limit:g}" in line
         assert ("→ cloud (meaning)" in line) is (e.escalated and e.reason == "meaning")
@@ -166,7 +170,7 @@ def test_the_trace_and_the_plot_show_the_meaning_score_against_its_limit(pair, t
     # The entropy gate's trace reads as before.
     entropy = pair.describe(CLIP, preset="quality")
     first = trace_lines(entropy.events, pair.tokenizer, pair.settings("quality"))[0].plain
-    assert first.startswith("trace · escalate when ΣH > 0.743 · k 12 · verify entropy")
+    assert first.startswith(f"trace · escalate when ΣH > {QUALITY['threshold']:g} · k {QUALITY['k']} · verify entropy")
     pytest.importorskip("matplotlib")
     from specdec_cli.commands.plots import plot_trace
 
@@ -181,7 +185,7 @@ def test_eval_runs_any_preset_by_name_and_batch_counts_the_clips_that_stayed(tmp
     with pytest.raises(InputError, match="frugal"):
         evaluate.parse_modes("frugl", presets)
     [mode] = evaluate.mode_configs(["frugal"], DEMO_PRESETS, 64, settings={"gate_verify": 0.5})
-    assert mode.cfg.verify == "meaning" and mode.cfg.gate_upload == 0.758 and mode.cfg.gate_verify == 0.5
+    assert mode.cfg.verify == "meaning" and mode.cfg.gate_upload == FRUGAL["gate_upload"] and mode.cfg.gate_verify == 0.5
     clips = tmp_path / "clips"
     clips.mkdir()
     for name in ("f_mid_mid_loud.wav", "m_slow_low.wav"):
@@ -221,7 +225,7 @@ def test_the_live_view_and_the_summary_name_the_meaning_gate(pair):
     last = result.events[-1]
     console.print(view.render())
     shown = console.export_text()
-    assert f"Σm {last.score:.2f}" in shown and "meaning" in shown and "Σm > 0.758 / 0.369 (up / held)" in shown
+    assert f"Σm {last.score:.2f}" in shown and "meaning" in shown and f"Σm > {FRUGAL['gate_upload']:g} / {FRUGAL['gate_verify']:g} (up / held)" in shown
     stays = pair.describe(CLIP, preset="frugal", gate_upload=float("inf"), gate_verify=float("inf"))
     console.print(summary_panel(stays.record))
     panel = console.export_text()

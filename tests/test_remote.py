@@ -131,15 +131,23 @@ def test_the_clip_goes_up_once_then_only_ids_and_the_session_is_closed(remote, s
     blocks = d.result.stats.escalations
     # One per verification; the last verdict ended the clip, which closed the session on the server.
     assert blocks >= 3 and d.link.round_trips == blocks
-    # The clip (FLAC: these samples are 16-bit) once, plus a few hundred bytes per request.
-    assert clip_bytes < d.link.uplink_bytes < clip_bytes + 500 * d.link.round_trips
+    # The clip (FLAC: these samples are 16-bit) once, plus the session's opening (settings and
+    # prompt, about 1 kB once) and a few hundred bytes per request: measured on this clip at k 2-12,
+    # 1.0 kB + 0.31 kB per request on both the v2 and the v3 demo edge. (A bound of 500 bytes per
+    # request held for v2's 6 requests and not for v3's 4: the opening is per clip, not per request.)
+    assert clip_bytes < d.link.uplink_bytes < clip_bytes + 1200 + 350 * d.link.round_trips
     assert clip_bytes < audio.nbytes / 2 + 2000  # FLAC, not float32
     assert d.link.downlink_bytes < 400 * d.link.round_trips  # verdicts are a few bytes
     assert health(server)["sessions"] == 0
     # A clip whose last block stays on the edge closes its session without a round trip: the
-    # close is sent and not waited for (it has landed once the client settles).
-    d = remote.run(audio, MODES["quality"])
-    assert not d.result.events[-1].escalated and d.result.stats.escalations >= 1
+    # close is sent and not waited for (it has landed once the client settles). Which sample ends
+    # so under quality depends on the edge (the v2 edge's first did; the v3 edge's does not).
+    for path in SAMPLES:
+        d = remote.run(audio_of(path), MODES["quality"])
+        if not d.result.events[-1].escalated and d.result.stats.escalations >= 1:
+            break
+    else:
+        pytest.fail("no sample's quality run went up and then ended on the edge")
     assert d.link.round_trips == d.result.stats.escalations
     remote.pair.remote.settle()
     assert health(server)["sessions"] == 0
