@@ -57,12 +57,26 @@ class Shape:
 # of 128); the audio tower is Whisper-large-v3's encoder shape (~0.64 B).
 SHAPES = (Shape("3B", 3.1e9, 0.64e9, 36 * 2 * 2 * 128 * 2), Shape("7B", 7.6e9, 0.64e9, 28 * 2 * 4 * 128 * 2))
 
-# Work per clip on the demo pair (docs/eval-samples.md, 9 samples): prefill tokens, cloud forwards
-# (prefill included), and the block length (k) of each preset.
-PREFILL_TOKENS = 209.1
+# Work per clip on the bundled demo pair, read from `specdec eval --report` on the 9 samples
+# (docs/eval-samples.json, regenerated whenever the pair or its presets change; never typed here):
+# prefill tokens, cloud forwards per clip (prefill included), answer tokens, each preset's block
+# length (k).
+EVAL_REPORT = Path(__file__).resolve().parents[1] / "docs" / "eval-samples.json"
 AUDIO_FRAMES = 400   # encoder frames of a ~8 s clip (50 per second after the conv stem)
-WORK = {"cloud": (28.6, 1), "fluent": (3.3, 10 + 1), "quality": (4.0, 12 + 1)}
-ANSWER_TOKENS = 28.6
+
+
+def demo_work(path: Path = EVAL_REPORT) -> tuple[float, float, dict[str, tuple[float, int]]]:
+    """(prefill tokens, cloud-only answer tokens, {mode: (cloud forwards per clip, tokens per
+    forward)}) from an eval report's modes cloud, fluent and quality."""
+    modes = {m["mode"]: m for m in json.loads(path.read_text(encoding="utf-8"))["modes"]}
+    cloud = modes["cloud"]
+    work = {"cloud": (cloud["cloud_work_forwards"], 1)}
+    for name in ("fluent", "quality"):
+        work[name] = (modes[name]["cloud_work_forwards"], int(modes[name]["k"]) + 1)
+    return cloud["cloud_prefill_tokens"], cloud["tokens"], work
+
+
+PREFILL_TOKENS, ANSWER_TOKENS, WORK = demo_work()
 
 
 def forward_s(shape: Shape, rows: int, tokens: int, context: float) -> float:
@@ -151,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="a bench/gpu.py JSON to set beside the model (default: docs/bench-gpu.json, else "
                          "docs/bench-gpu-quick.json, when present)")
     args = ap.parse_args(argv)
-    got: dict[str, Any] = {"modelled": True,
+    got: dict[str, Any] = {"modelled": True, "work_from": str(EVAL_REPORT.relative_to(EVAL_REPORT.parents[1])),
+                           "work": {"prefill_tokens": round(PREFILL_TOKENS, 1), "answer_tokens": round(ANSWER_TOKENS, 1),
+                                    **{m: {"cloud_forwards": round(f, 2), "k": n - 1} for m, (f, n) in WORK.items()
+                                       if m != "cloud"}},
                            "hardware": "H100 SXM bf16, 70 % of 3.35 TB/s, 50 % of 989 TFLOP/s, 0.5 ms/forward",
                            "rows": table()}
     path = args.measured or next((p for p in MEASURED if p.is_file()), None)

@@ -785,7 +785,24 @@ def bundled_presets(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def capacity_model(run: dict[str, Any]) -> list[str]:
+    """docs/capacity.md: bench/capacity_model.py's modelled clips/s (MODELLED, not measured), with the
+    work per clip it was fed (from the demo pair's eval report)."""
+    w = run["work"]
+    rows = ["| shape | rows per forward | cloud-only clips/s | fluent clips/s (×) | quality clips/s (×) |",
+            "|---|---:|---:|---:|---:|"]
+    for r in run["rows"]:
+        rows.append(f"| {r['shape']} | {r['rows_per_forward']} | {r['cloud_clips_per_s']:.0f} | "
+                    f"{r['fluent_clips_per_s']:.0f} ({r['fluent_x_cloud']:.2f}×) | "
+                    f"{r['quality_clips_per_s']:.0f} ({r['quality_x_cloud']:.2f}×) |")
+    rows.append(f"| work per clip ({run['work_from']}) | | P = {w['prefill_tokens']:g} prompt tokens, "
+                f"F = {w['answer_tokens']:g} forwards | F = {w['fluent']['cloud_forwards']:g} at k = {w['fluent']['k']} | "
+                f"F = {w['quality']['cloud_forwards']:g} at k = {w['quality']['k']} |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
+    "capacity_model": capacity_model,
     "capacity_goal": capacity_goal,
     **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")
        for mode in ("fluent", "quality", "frugal")},

@@ -48,6 +48,7 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
                                                  "batched", "remote", "server_batching", "server_batching_wider",
                                                  "server_windows", "loop_overhead", "ray_batch",
                                                  "ray_batch_cli")} <= marked
+    assert ("docs/capacity.md", "capacity_model") in marked
     assert "docs/eval-samples.md" in dt.GENERATED_PAGES
 
 
