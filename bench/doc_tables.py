@@ -544,23 +544,6 @@ def ray_batch_cli(run: dict[str, Any]) -> list[str]:
     return rows
 
 
-DEMO_PRESETS = "specdec_cli/demo/models/edge/specdec_presets.toml"
-
-
-def demo_presets(presets: dict[str, Any]) -> list[str]:
-    """docs/usage.md: the bundled pair's presets as `specdec presets` lists them, from the presets
-    file itself (a TOML source: `make presets` writes it)."""
-    rows = ["| preset | threshold | k | uncertainty | verify | source |", "|---|---|---|---|---|---|"]
-    for name in ("fluent", "quality", *sorted(set(presets) - {"fluent", "quality", "gate"})):
-        p = presets[name]
-        over = f" (over `configs/{name}.toml`)" if (REPO / "configs" / f"{name}.toml").is_file() else ""
-        gate = (f"; the [meaning gate](meaning-gate.md): `gate_upload` {p['gate_upload']:g}, "
-                f"`gate_verify` {p['gate_verify']:g}" if p.get("verify") == "meaning" else "")
-        rows.append(f"| {name} | {p['threshold']:g} | {p['k']} | {p['uncertainty']} | {p['verify']} | "
-                    f"`{DEMO_PRESETS}`{over}: {p['description']}{gate} |")
-    return rows
-
-
 def gate_signal_before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """docs/meaning-gate.md section 11, issue 34 item 3: the same fresh measurement set under the
     v2 edge (`before`) and the v3 edge (`after`), every signal both runs have."""
@@ -830,7 +813,6 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "server_batching_wider": server_batching_wider,
     "server_windows": server_windows,
     "loop_overhead": loop_overhead,
-    "demo_presets": demo_presets,
     "ray_batch": ray_batch,
     "ray_batch_cli": ray_batch_cli,
     "gate_signal_before_after": gate_signal_before_after,
