@@ -38,11 +38,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 demo: install
 	$(BIN)/specdec describe $(SAMPLE) --preset quality
 
-# espeak-ng makes the held-out demo clips some tests describe (Debian's package; installed when
-# missing and apt-get is there, e.g. on a fresh CI machine as root; without it those tests skip).
+# The synthesizers behind the held-out demo clips some tests describe (demo contract v3: espeak-ng,
+# festival and its voices, flite, and sox for tempo/pitch; all Debian main). Installed when missing
+# and apt-get is there, e.g. on a fresh CI machine as root; without them those tests skip.
+SPEECH_PACKAGES := espeak-ng sox flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts \
+	festvox-italp16k festvox-itapc16k festvox-ca-ona-hts festvox-czech-dita festvox-czech-ph festvox-ru
 speech:
-	@command -v espeak-ng >/dev/null || ! command -v apt-get >/dev/null || \
-		{ apt-get update -qq && apt-get install -y -qq espeak-ng >/dev/null; }
+	@{ command -v espeak-ng && command -v festival && command -v flite && command -v sox \
+		&& test -d /usr/share/festival/voices/russian; } >/dev/null || ! command -v apt-get >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq $(SPEECH_PACKAGES) >/dev/null; }
 
 test: dev speech
 	$(BIN)/python -m pytest
