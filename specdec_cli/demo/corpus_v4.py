@@ -351,6 +351,64 @@ def shard_jobs(out: Path, seed: int, sizes: dict[str, int], shard: int) -> list[
     return jobs
 
 
+# The bundled samples/ (v4): every class of every attribute, all emotions, ordinary lengths, several
+# voices of each split (held-out sentences of training voices, held-out voices, the held-out
+# synthesizer). (file, split, gender, aimed bands (rate, pitch, volume, pauses), length bucket,
+# noise SNR in dB or None). The names are v2's, so every page that plays them still reads right.
+SAMPLES: tuple[tuple[str, str, str, tuple[str, str, str, str], int, float | None], ...] = (
+    ("f_fast_high.wav", "val", "女声", ("语速较快", "音调偏高", "音量适中", "停顿较少"), 1, None),
+    ("m_slow_low.wav", "val", "男声", ("语速较慢", "音调偏低", "音量较小", "停顿较少"), 0, None),
+    ("f_mid_mid_loud.wav", "val_voices", "女声", ("语速适中", "音调适中", "音量较大", "停顿较多"), 1, None),
+    ("m_fast_high_pauses.wav", "val", "男声", ("语速较快", "音调偏高", "音量较大", "停顿较多"), 2, None),
+    ("f_slow_low_quiet.wav", "val_voices", "女声", ("语速较慢", "音调偏低", "音量较小", "停顿较多"), 0, None),
+    ("m_mid_high.wav", "val_synth", "男声", ("语速适中", "音调偏高", "音量适中", "停顿较少"), 1, None),
+    ("f_fast_low.wav", "val", "女声", ("语速较快", "音调偏低", "音量较小", "停顿较少"), 2, None),
+    ("m_slow_mid.wav", "val_voices", "男声", ("语速较慢", "音调适中", "音量较大", "停顿较多"), 0, None),
+    ("f_mid_low_noisy.wav", "val_synth", "女声", ("语速适中", "音调偏低", "音量适中", "停顿较少"), 1, 25.0),
+)
+
+
+def write_samples(out: Path, seed: int) -> None:
+    """The bundled demo clips (16-bit WAV, 16 kHz) and `labels.jsonl`: each drawn until its measured
+    labels are every one the sample is named for (a clip's labels are still what it measures)."""
+    import soundfile as sf
+
+    out.mkdir(parents=True, exist_ok=True)
+    by_name = {v.name: v for v in voices("train") + voices("heldout_voice") + voices("heldout_synth")}
+    lines = []
+    for k, (name, split, gender, aimed, bucket, snr) in enumerate(SAMPLES):
+        pool: dict[str, list[Voice]] = {}
+        for v in voices(SPLITS[split]):
+            if v.gender == gender:
+                pool.setdefault(v.synth, []).append(v)
+        targets = dict(zip(("rate", "pitch", "volume", "pauses"), aimed, strict=True))
+        for attempt in range(400):
+            rng = random.Random(f"{seed}/samples/{k}/{attempt}")
+            plan = plan_clip(rng, targets, split, pool, seed, 0.0, (0.0, 0.0))
+            plan.bucket, plan.pad_lead_s, plan.pad_trail_s = bucket, 0.2, 0.2
+            plan.parts = sentence(rng, plan.lang, clause_split(plan.lang, seed)[1], bucket)
+            if targets["pauses"] == "停顿较多" and len(plan.parts) > 1:
+                plan.pause_s = [round(rng.uniform(0.4, 0.9), 3) for _ in plan.parts[1:]]
+            elif targets["pauses"] == "停顿较少":
+                plan.pause_s = []
+            x, speech = assemble(plan, render_plans([plan], by_name)[0])
+            m = measure(x, SAMPLE_RATE)
+            m, y, gain = with_gain(m, x, plan.gain_target_db)
+            labels, ambiguous = labels_of(m, gender)
+            if not ambiguous and len(labels) == len(ATTRIBUTES) and all(labels[a] == t for a, t in targets.items()):
+                break
+        else:
+            raise RuntimeError(f"sample {name}: no draw measured as named")
+        noise = {"kind": "white", "snr_db": snr, "seed": k} if snr else {}
+        audio = add_noise(y, speech, gain, noise)
+        sf.write(out / name, audio, SAMPLE_RATE, subtype="PCM_16")
+        lines.append(json.dumps({"file": name, "labels": labels, "split": split, "voice": plan.voice,
+                                 "lang": plan.lang, "sentence": join(plan.parts, plan.lang),
+                                 "seconds": round(len(audio) / SAMPLE_RATE, 2), "noise_snr_db": snr,
+                                 "measures": asdict(m)}, ensure_ascii=False))
+    (out / "labels.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train", type=int, default=16000, help="training clips")
@@ -361,7 +419,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=CORPUS_V4)
     ap.add_argument("--seed", type=int, default=4)
+    ap.add_argument("--samples", type=Path, default=None, metavar="DIR",
+                    help="only write the bundled demo clips + labels.jsonl to DIR (held-out sentences and voices)")
     args = ap.parse_args(argv)
+    if args.samples:
+        write_samples(args.samples, args.seed)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = {"val": args.val, "val_voices": args.val_voices, "val_synth": args.val_synth, "train": args.train}
     jobs = shard_jobs(args.out, args.seed, sizes, args.shard)
