@@ -220,8 +220,9 @@ def add_noise(x: np.ndarray, speech: np.ndarray, gain_db: float, noise: dict) ->
     return (x + scale * _noise(noise["kind"], len(x), rng)).astype(np.float32)
 
 
-def render_plans(plans: list[Plan], by_name: dict[str, Voice]) -> list[list[np.ndarray]]:
-    """Every plan's utterances; festival's in one process for the whole list."""
+def render_plans(plans: list[Plan], by_name: dict[str, Voice]) -> list[list[np.ndarray | None]]:
+    """Every plan's utterances; festival's in one process per voice for the whole list (None: an
+    utterance festival could not render)."""
     out: list[list[np.ndarray] | None] = [None] * len(plans)
     fest_jobs, fest_where = [], []
     for k, p in enumerate(plans):
@@ -285,8 +286,10 @@ def make_clips(split: str, indices: list[int], seed: int, noise_p: float, snr: t
         nxt = {}
         for i, r in zip(order, rendered, strict=True):
             plan, attempt = plans[i], pending[i]
-            x, speech = assemble(plan, r)
-            ok = len(x) / SAMPLE_RATE <= WINDOW_S - 0.05
+            ok = all(u is not None for u in r)  # a festival voice may fail on an utterance: draw again
+            if ok:
+                x, speech = assemble(plan, r)
+                ok = len(x) / SAMPLE_RATE <= WINDOW_S - 0.05
             if ok:
                 m = measure(x, SAMPLE_RATE)
                 m, y, gain = with_gain(m, x, plan.gain_target_db)
@@ -391,7 +394,10 @@ def write_samples(out: Path, seed: int) -> None:
                 plan.pause_s = [round(rng.uniform(0.4, 0.9), 3) for _ in plan.parts[1:]]
             elif targets["pauses"] == "停顿较少":
                 plan.pause_s = []
-            x, speech = assemble(plan, render_plans([plan], by_name)[0])
+            rendered = render_plans([plan], by_name)[0]
+            if any(u is None for u in rendered):
+                continue
+            x, speech = assemble(plan, rendered)
             m = measure(x, SAMPLE_RATE)
             m, y, gain = with_gain(m, x, plan.gain_target_db)
             labels, ambiguous = labels_of(m, gender)

@@ -1,8 +1,13 @@
-"""Evaluate a demo pair (v2) on the held-out clips and write `REPORT.md` + `report.json` next to it.
+"""Evaluate a demo pair on the held-out clips and write `REPORT.md` + `report.json` next to it.
 
-    python -m specdec_cli.demo.train edge --export DIR/edge
-    python -m specdec_cli.demo.train cloud --export DIR/cloud
-    python -m specdec_cli.demo.evaluate_pair --models DIR
+    python -m specdec_cli.demo.train edge_v4 --export DIR/edge
+    python -m specdec_cli.demo.train cloud_v4 --export DIR/cloud
+    python -m specdec_cli.demo.evaluate_pair --models DIR [--corpus .demo-work/corpus-v4]
+
+On corpus v4 (demo contract v3: labels measured from the audio) every held-out set is evaluated:
+held-out sentences of the training voices (`val`), the held-out voices (`val_voices`) and the
+held-out synthesizer (`val_synth`), each clean and with 20-30 dB white noise, per attribute and per
+voice group (synthesizer and gender). `accuracy`/`noisy`/`mean_accuracy` stay those of `val`.
 
 Everything goes through the model folders and the inference path: `from_pretrained`, and HF greedy
 `model.generate(**inputs, do_sample=False)`. The held-out inputs are the corpus's stored log-mels,
@@ -32,8 +37,8 @@ from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
 from ..phrases import ATTRIBUTES, predict
 from ..processor import AudioTextProcessor
-from .corpus import BUCKETS, CORPUS
-from .train import MODELS_DIR, AttributeSpans, Corpus, evaluate_tf, n_params
+from .corpus import BUCKETS
+from .train import CORPORA, MODELS_DIR, AttributeSpans, Corpus, evaluate_tf, n_params
 
 MAX_NEW = 60
 
@@ -102,30 +107,43 @@ def curve(ent: list[float], dis: list[int], buckets: int = 10) -> dict:
             "ratio": float(top / half) if half > 0 else None, "tokens": len(e), "overall_rate": float(d.mean())}
 
 
+HELD_OUT = {"val": "held-out sentences, training voices", "val_voices": "held-out voices",
+            "val_synth": "held-out synthesizer"}
+
+
+def voice_group(meta: dict) -> str:
+    """A clip's voice group: its synthesizer and its speaker's gender."""
+    synth = meta.get("synth") or "espeak-ng"
+    return f"{synth} {meta['labels']['gender']}"
+
+
 def greedy_accuracy(model, tok, data: Corpus, clips: list[int]) -> tuple[dict, list[dict]]:
-    """Per bucket (and "all") per-attribute greedy accuracy, plus a few examples."""
+    """Per bucket, per voice group (v4) and "all": per-attribute greedy accuracy; plus a few examples."""
     hits: dict[str, dict[str, list[int]]] = {}
     examples = []
     for i in clips:
         text = tok.decode(greedy(model, inputs_of(data, i)), skip_special_tokens=True)
         pred, gold = predict(text), data.meta[i]["labels"]
-        for bucket in (data.meta[i]["bucket"], "all"):
+        keys = [data.meta[i]["bucket"], "all"] + (["group:" + voice_group(data.meta[i])] if "voice" in data.meta[i] else [])
+        for bucket in keys:
             h = hits.setdefault(bucket, {a: [0, 0] for a in ATTRIBUTES})
             for a in ATTRIBUTES:
                 h[a][0] += int(pred[a] == gold[a])
                 h[a][1] += 1
         if len(examples) < 5:
-            examples.append({"sentence": data.meta[i]["sentence"], "target": data.meta[i]["target"], "output": text})
+            examples.append({"sentence": data.meta[i]["sentence"], "target": data.meta[i]["target"], "output": text,
+                             **({"voice": data.meta[i]["voice"]} if "voice" in data.meta[i] else {})})
     acc = {b: {a: c / n for a, (c, n) in h.items()} for b, h in hits.items()}
-    for v in acc.values():
+    for b, v in acc.items():
         v["mean"] = sum(v[a] for a in ATTRIBUTES) / len(ATTRIBUTES)
+        v["clips"] = hits[b]["gender"][1]
     return acc, examples
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=MODELS_DIR, help="folder with edge/ and cloud/")
-    ap.add_argument("--corpus", type=Path, default=CORPUS)
+    ap.add_argument("--corpus", type=Path, default=CORPORA["v4"])
     ap.add_argument("--limit", type=int, default=None, help="evaluate only every n-th held-out clip up to N clips")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -138,30 +156,41 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the pair must share a tokenizer")
     tok = proc.tokenizer
     spans = AttributeSpans(tok)
-    sets = {s: Corpus(s, tok, spans, args.corpus) for s in ("val", "val_noisy")}
-    n = len(sets["val"])
-    clips = list(range(n)) if not args.limit else list(range(0, n, max(1, n // args.limit)))[: args.limit]
-    res: dict = {"models": {}, "eval_clips": len(clips)}
-    probe = inputs_of(sets["val"], min(range(n), key=lambda i: abs(sets["val"].frames(i) - 600)))
+    names = [s for s in HELD_OUT if any(args.corpus.glob(f"{s}-*.json"))]
+    sets = {s: Corpus(s, tok, spans, args.corpus) for n in names for s in (n, f"{n}_noisy")}
+
+    def pick(n: int) -> list[int]:
+        return list(range(n)) if not args.limit else list(range(0, n, max(1, n // args.limit)))[: args.limit]
+
+    clips = {n: pick(len(sets[n])) for n in names}
+    res: dict = {"models": {}, "eval_clips": len(clips["val"]), "sets": {n: len(c) for n, c in clips.items()}}
+    probe = inputs_of(sets["val"], min(range(len(sets["val"])), key=lambda i: abs(sets["val"].frames(i) - 600)))
     for name, model in (("edge", edge), ("cloud", cloud)):
-        acc, examples = greedy_accuracy(model, tok, sets["val"], clips)
-        noisy, _ = greedy_accuracy(model, tok, sets["val_noisy"], clips)
+        per_set = {}
+        for n in names:
+            acc, examples = greedy_accuracy(model, tok, sets[n], clips[n])
+            noisy, _ = greedy_accuracy(model, tok, sets[f"{n}_noisy"], clips[n])
+            per_set[n] = {"clean": acc, "noisy": noisy, "examples": examples}
         tf = evaluate_tf(model, sets["val"])
-        res["models"][name] = {"params": n_params(model), "accuracy": acc, "noisy": noisy["all"],
-                               "mean_accuracy": acc["all"]["mean"], "ms_per_token": ms_per_token(model, probe),
-                               "heldout_nll": tf["nll"], "teacher_forced": tf["acc"], "examples": examples}
-        print(name, json.dumps({k: v for k, v in res["models"][name].items() if k != "examples"},
-                               ensure_ascii=False), flush=True)
+        val = per_set["val"]
+        res["models"][name] = {"params": n_params(model), "accuracy": val["clean"], "noisy": val["noisy"]["all"],
+                               "mean_accuracy": val["clean"]["all"]["mean"], "ms_per_token": ms_per_token(model, probe),
+                               "heldout_nll": tf["nll"], "teacher_forced": tf["acc"], "examples": val["examples"],
+                               "sets": per_set}
+        print(name, json.dumps({n: {"clean": v["clean"]["all"]["mean"], "noisy": v["noisy"]["all"]["mean"]}
+                                for n, v in per_set.items()}), flush=True)
     ent_all: list[float] = []
     dis_all: list[int] = []
-    for i in clips:
-        inputs = inputs_of(sets["val"], i)
-        e, d = entropy_disagreement(edge, cloud, inputs, greedy(edge, inputs))
-        ent_all += e
-        dis_all += d
+    for n in names:
+        for i in clips[n]:
+            inputs = inputs_of(sets[n], i)
+            e, d = entropy_disagreement(edge, cloud, inputs, greedy(edge, inputs))
+            ent_all += e
+            dis_all += d
     res["entropy_curve"] = curve(ent_all, dis_all)
-    meta = json.loads((args.corpus / "meta.json").read_text(encoding="utf-8"))
-    res["corpus"] = {k: v for k, v in meta.items() if k != "val_clause_list"}
+    meta_file = args.corpus / "meta.json"  # written when the whole corpus is built
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.exists() else {}
+    res["corpus"] = {k: v for k, v in meta.items() if k not in ("val_clause_list", "cut_points", "templates")}
     (args.models / "report.json").write_text(json.dumps(res, ensure_ascii=False, indent=1), encoding="utf-8")
     (args.models / "REPORT.md").write_text(render_md(res), encoding="utf-8")
     print(render_md(res))
@@ -182,6 +211,24 @@ def render_md(r: dict) -> str:
         out.append("| all, 20-30 dB noise | " + " | ".join(f"{m['noisy'][x]:.1%}" for x in cols) + " |")
         return out
 
+    def sets_table(m: dict) -> list[str]:
+        if "sets" not in m:
+            return []
+        out = ["| held-out set | noise | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+        for n, v in m["sets"].items():
+            for kind in ("clean", "noisy"):
+                out.append(f"| {HELD_OUT[n]} | {'20-30 dB' if kind == 'noisy' else 'clean'} | "
+                           + " | ".join(f"{v[kind]['all'][x]:.1%}" for x in cols) + " |")
+        out += ["", "Per voice group (synthesizer, gender), clean / noisy mean:", "",
+                "| held-out set | voice group | clips | " + " | ".join(cols) + " | noisy mean |",
+                "|---|---|---|" + "---|" * len(cols) + "---|"]
+        for n, v in m["sets"].items():
+            for g in sorted(k for k in v["clean"] if k.startswith("group:")):
+                c, z = v["clean"][g], v["noisy"].get(g, {})
+                out.append(f"| {HELD_OUT[n]} | {g[6:]} | {c.get('clips', '')} | " + " | ".join(f"{c[x]:.1%}" for x in cols)
+                           + f" | {z.get('mean', float('nan')):.1%} |")
+        return out
+
     ec = r["entropy_curve"]
     cp = r["corpus"]
     return "\n".join([
@@ -189,9 +236,14 @@ def render_md(r: dict) -> str:
         "",
         "Generated by `python -m specdec_cli.demo.evaluate_pair` (measured, not edited).",
         "",
-        f"- Corpus v2: {cp['train_clips']} training clips ({cp['clip_hours']['train']:.1f} h), "
-        f"{cp['val_clips']} held-out clips from held-out clauses, clean and with 20-30 dB white noise.",
-        f"- Evaluated: {r['eval_clips']} held-out clips, HF greedy generate.",
+        (f"- Corpus v{cp['version']} (demo contract v{cp['contract']}, labels measured from the audio): "
+         f"{cp['sizes']['train']} training clips; held-out sets "
+         + ", ".join(f"{HELD_OUT[n]} {k}" for n, k in r.get("sets", {}).items())
+         + " clips, clean and with 20-30 dB white noise." if "sizes" in cp else
+         "- Corpus: (its meta.json was not written yet)" if not cp else
+         f"- Corpus v2: {cp['train_clips']} training clips ({cp['clip_hours']['train']:.1f} h), "
+         f"{cp['val_clips']} held-out clips from held-out clauses, clean and with 20-30 dB white noise."),
+        f"- Evaluated: {r['eval_clips']} held-out clips of the training voices, HF greedy generate.",
         "",
         "| | edge | cloud |",
         "|---|---|---|",
@@ -199,7 +251,7 @@ def render_md(r: dict) -> str:
         f"| ms per generated token (batch 1) | {e['ms_per_token']:.2f} | {c['ms_per_token']:.2f} |",
         f"| held-out NLL per answer token | {e['heldout_nll']:.4f} | {c['heldout_nll']:.4f} |",
         "",
-        "## Cloud", "", *table(c), "", "## Edge", "", *table(e), "",
+        "## Cloud", "", *table(c), "", *sets_table(c), "", "## Edge", "", *table(e), "", *sets_table(e), "",
         "## Edge uncertainty vs cloud disagreement", "",
         "| entropy decile | entropy range (nats) | tokens | cloud disagrees |", "|---|---|---|---|",
         *[f"| {d['decile']} | {d['entropy_min']:.3f}-{d['entropy_max']:.3f} | {d['tokens']} | {d['disagree_rate']:.1%} |"

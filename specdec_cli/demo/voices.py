@@ -123,29 +123,40 @@ def _scheme_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_festival(jobs: list[tuple[Voice, str, Controls]]) -> list[np.ndarray]:
+def _festival_script(ident: str, jobs: list[tuple[int, str, Controls]], folder: str) -> str:
+    lines = [f"(voice_{ident})"]
+    for k, text, c in jobs:
+        lines.append(f"(Parameter.set 'Duration_Stretch {1 / c.speed:.4f})")
+        lines.append(f"(utt.save.wave (utt.synth (Utterance Text {_scheme_string(text)})) \"{folder}/{k}.wav\" 'riff)")
+    return "\n".join(lines) + "\n"
+
+
+def _run_festival(ident: str, jobs: list[tuple[int, str, Controls]], folder: str) -> bool:
+    script = Path(folder) / f"{ident}-{jobs[0][0]}.scm"
+    script.write_text(_festival_script(ident, jobs, folder), encoding="utf-8")
+    done = subprocess.run(["festival", "-b", str(script)], capture_output=True, timeout=600)
+    return done.returncode == 0 and all((Path(folder) / f"{k}.wav").exists() for k, _, _ in jobs)
+
+
+def render_festival(jobs: list[tuple[Voice, str, Controls]]) -> list[np.ndarray | None]:
     """Several festival renderings, one festival process per voice (its start-up costs ~0.5 s; one
-    process switching between voices failed on some sequences, Czech to Catalan among them): a
-    Scheme script selects the voice, then per utterance sets Duration_Stretch and saves the wave."""
+    process switching between voices failed on some sequences). A process that fails (festival's
+    diphone voices abort on a few word sequences, with nothing on stderr) is retried one utterance
+    per process; an utterance that still fails is None, and the caller draws that clip again."""
     out: list[np.ndarray | None] = [None] * len(jobs)
-    by_voice: dict[str, list[int]] = {}
-    for k, (voice, _, _) in enumerate(jobs):
-        by_voice.setdefault(voice.ident, []).append(k)
+    by_voice: dict[str, list[tuple[int, str, Controls]]] = {}
+    for k, (voice, text, c) in enumerate(jobs):
+        by_voice.setdefault(voice.ident, []).append((k, text, c))
     with tempfile.TemporaryDirectory() as tmp:
-        for ident, ks in by_voice.items():
-            lines = [f"(voice_{ident})"]
-            for k in ks:
-                _, text, c = jobs[k]
-                lines.append(f"(Parameter.set 'Duration_Stretch {1 / c.speed:.4f})")
-                lines.append(f"(utt.save.wave (utt.synth (Utterance Text {_scheme_string(text)})) \"{tmp}/{k}.wav\" 'riff)")
-            script = Path(tmp) / f"{ident}.scm"
-            script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-            done = subprocess.run(["festival", "-b", str(script)], capture_output=True, timeout=600)
-            if done.returncode != 0:
-                raise RuntimeError(f"festival ({ident}) failed: {done.stderr.decode(errors='replace')[-400:]}")
-            for k in ks:
-                out[k] = _read_wav((Path(tmp) / f"{k}.wav").read_bytes())
-    return out  # type: ignore[return-value]
+        for ident, vjobs in by_voice.items():
+            if not _run_festival(ident, vjobs, tmp):
+                for job in vjobs:
+                    if not (Path(tmp) / f"{job[0]}.wav").exists():
+                        _run_festival(ident, [job], tmp)
+            for k, _, _ in vjobs:
+                wav = Path(tmp) / f"{k}.wav"
+                out[k] = _read_wav(wav.read_bytes()) if wav.exists() else None
+    return out
 
 
 def render(voice: Voice, text: str, lang: str, c: Controls) -> np.ndarray:
@@ -154,7 +165,10 @@ def render(voice: Voice, text: str, lang: str, c: Controls) -> np.ndarray:
         return render_espeak(voice, text, lang, c)
     if voice.synth == "flite":
         return render_flite(voice, text, c)
-    return render_festival([(voice, text, c)])[0]
+    audio = render_festival([(voice, text, c)])[0]
+    if audio is None:
+        raise RuntimeError(f"festival's {voice.ident} could not render {text!r}")
+    return audio
 
 
 # ---------------------------------------------------------------------------------------------
