@@ -39,10 +39,13 @@ def test_frugal_is_the_cheapest_by_clips_that_go_up_within_the_target():
     work); `half` keeps two clips home and verifies the other two three times each (6 / 80 = 0.075
     per token: more calls per token, calibrate's old `pick` would take `every`) but its work per clip
     is 2 x 215 / 4 = 107.5 against 205: `half` wins. `none` sends nothing and is 50 points down:
-    outside 3 points. Within 0 points `every` and `half` both qualify (every clip right): still `half`.
-    `none` qualifies once its gap (mean -50 points, gaps 0/-100/0/-100: standard error
-    57.7 / 2 = 28.9) fits: within 60 points by the plain rule (z = 0), within 79 with calibrate's
-    one standard error of margin (z = 1)."""
+    outside 5 points. Four clips show nothing within 3 points (calibration_objective.gap_bound: a
+    perfect match keeps 16.7 / 6 = 2.8 points of standard error, and three candidates make z 1.62:
+    a 4.5-point margin): the best quality, then the cheapest (`half`), flagged; within 5, `half`.
+    The plain rule (z = 0) takes `every` and `half` within 0 points (every clip right): still
+    `half`. `none` qualifies once its gap fits: within 60 points by the plain rule (mean -50); by
+    the bound (adjusted mean -200/6 = -33.3, se sqrt((20000 + 277.8) / 6 - 33.3^2) / sqrt(6) = 19.4,
+    z 1.62: -64.8) within 80, not 60."""
     ref = [clip_cost(_stats(20, 20, 21, 210), 1.0) for _ in range(4)]
     every = [clip_cost(_stats(20, 1, 2, 205), 1.0) for _ in range(4)]
     half = [clip_cost(_stats(20, 0, 0, 0), 1.0)] * 2 + [clip_cost(_stats(20, 3, 4, 215), 1.0)] * 2
@@ -51,8 +54,9 @@ def test_frugal_is_the_cheapest_by_clips_that_go_up_within_the_target():
     assert score_clips(half).call_rate > score_clips(every).call_rate
     assert score_clips(half).work_per_clip == pytest.approx(107.5)
     candidates = [("every", every), ("half", half), ("none", none)]
-    assert choose(candidates, ref, 3.0)[::2] == ("half", True)
-    assert choose(candidates, ref, 0.0)[::2] == ("half", True)
+    assert choose(candidates, ref, 3.0)[::2] == ("half", False)
+    assert choose(candidates, ref, 5.0)[::2] == ("half", True)
+    assert choose(candidates, ref, 0.0, z=0.0)[::2] == ("half", True)
     assert choose(candidates, ref, 60.0, z=0.0)[::2] == ("none", True)
     assert choose(candidates, ref, 60.0)[::2] == ("half", True)
     assert choose(candidates, ref, 80.0)[::2] == ("none", True)
