@@ -734,7 +734,7 @@ def calibration_presets(report: dict[str, Any]) -> list[str]:
     rows.append(row("cloud-only", by_name["cloud-only"], "0 / 0 %"))
     rows.append(row("edge-only", by_name["edge-only"], "100 / 100 %"))
     for name, s, met in picked:
-        rows.append(row(f"**{name}**" + ("" if met else " (none within its points: best quality)"), s))
+        rows.append(row(f"**{name}**" + ("" if met else " (none shown within its points: every block verified)"), s))
     if gate is not None:
         rows.append(row(f"**{gate['name']}**", by_name[gate["setting"]],
                         f"{pct(gate['calibration']['zero_cloud_share'])} / {pct(gate['check']['zero_cloud_share'])} %"))
@@ -754,9 +754,9 @@ def bundled_presets(report: dict[str, Any]) -> list[str]:
     rows = ["| preset | threshold | k | verify | chosen by `specdec calibrate` as |", "|---|---|---|---|---|"]
     for c in report["choices"]:
         s = by_name[c["setting"]]
-        how = "cheapest" if c["met"] else "none within the budget: best quality"
-        rows.append(f"| {c['name']} | {_num(s['threshold'])} | {s['k']} | entropy | {how} within {c['points']:g} "
-                    f"point(s) of cloud-only (calls per token) |")
+        how = (f"cheapest within {c['points']:g} point(s) of cloud-only (calls per token)" if c["met"] else
+               f"none shown within {c['points']:g} point(s) of cloud-only: every block verified")
+        rows.append(f"| {c['name']} | {_num(s['threshold'])} | {s['k']} | entropy | {how} |")
     g = report["gate"]
     if g is not None and g["met"]:
         s = by_name[g["setting"]]

@@ -130,6 +130,12 @@ def test_the_calibration_renderers_order_name_and_mark_settings_as_calibrate_doe
     assert "`gate_upload` 0.5, `gate_verify` 0.25" in listed[-1] and "25.0 / 50.0 %" in listed[-1]
     report["gate"]["met"] = False  # no frugal written: no frugal row
     assert not any("frugal" in r for r in dt.calibration_presets(report)[2:] + dt.bundled_presets(report)[2:])
+    # quality shown within nothing (calibrate's fallback: threshold 0, every block verified)
+    report["choices"][0].update(met=False, setting="k=6 t=0")
+    assert dt.calibration_presets(report)[4].startswith(
+        "| **quality** (none shown within its points: every block verified) | k 6 · t 0.0 |")
+    assert dt.bundled_presets(report)[2] == ("| quality | 0.0 | 6 | entropy | none shown within 1 point(s) of "
+                                             "cloud-only: every block verified |")
 
 
 def test_the_entropy_curve_table_is_report_jsons():
