@@ -321,6 +321,11 @@ def test_frugal_origin_reads_calibrates_report():
     one = _calibration()
     one["gate"]["points"] = 1.0
     assert "; within 1 point, margin z = 1 |" in dt.frugal_origin(one)[2]
+    # a report from calibrate's rule (issue 41): the z it was judged at, a check half that confirmed it
+    ruled = _calibration()
+    ruled["gate"].update(z=2.2196, chains=[["m"]] * 12, accepted=["m"], proposed="m", confirmed=["m"])
+    rows = dt.frugal_origin(ruled)[2:]
+    assert "; within 3 points, margin 1 (z 2.22) |" in rows[0] and rows[1].startswith("| check half (confirmed on) |")
 
 
 def test_gate_choices_rows_against_cloud_only():
