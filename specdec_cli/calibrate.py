@@ -13,7 +13,7 @@ fluent are the cheapest settings (fewest cloud calls per output token) shown wit
 `--margin`): on the calibration half, each k's thresholds tested from 0 up by a lower confidence
 bound on the per-clip quality gap, whose margin grows as the half shrinks and with the number of
 k's (the cheapest of many settings is the luckiest); then the proposal's k, from threshold 0 up to
-it, tested the same way on the check half, clips that chose nothing. None holds: a threshold-0
+it, tested the same way on the check half, clips that proposed nothing. None holds: a threshold-0
 setting (every block verified: cloud-only's answers), flagged in the file and in a warning. A preset with a
 wider budget is never dearer than one with a narrower (a setting shown within 1 point is within 3).
 
@@ -135,9 +135,9 @@ def sweep_chains(configs: Mapping[str, DecodingConfig]) -> list[list[str]]:
     """The sweep's settings (name -> config) as calibrate tests them (calibration_objective.select):
     chains, each from its safest setting: the entropy gate per k by threshold (0 first: every block
     verified, cloud-only's answers; inf last), the meaning gate per (k, gate_upload) by gate_verify
-    (0 first: every block of a clip that went up verified). Along a chain each setting verifies no
-    more than the one before, so its quality is expected to fall: the order fixed-sequence testing
-    needs, fixed before any clip is scored."""
+    (0 first: every block of a clip that went up verified). Along a chain each setting sends fewer
+    blocks to the cloud than the one before, so its quality is expected to fall: the order
+    fixed-sequence testing needs, fixed before any clip is scored."""
     groups: dict[tuple, list[tuple[float, str]]] = {}
     for name, cfg in configs.items():
         if cfg.verify == "meaning":
