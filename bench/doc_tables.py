@@ -628,13 +628,18 @@ def frugal_origin(report: dict[str, Any]) -> list[str]:
     settings = {s["name"]: s for s in report["settings"]}
     cloud, chosen = settings["cloud-only"], settings[g["setting"]]
     points = f"{g['points']:g} point" + ("" if g["points"] == 1 else "s")
+    # A report from before issue 41's rule has no "z": one standard error of margin, the check half
+    # unused; since, the z on the calibration half (raised for the chains) and a check half that
+    # confirmed the choice.
+    ruled = "z" in g
+    margin = f"margin {g['margin']:g} (z {g['z']:.2f})" if ruled else f"margin z = {g['margin']:g}"
     what = (f"k {chosen['k']}, upload {chosen['gate_upload']:.3f}, verify {chosen['gate_verify']:.3f}; within "
-            f"{points}, margin z = {g['margin']:g}")
+            f"{points}, {margin}")
     if not g["met"]:
         what = f"none qualified ({what}: the best; no `frugal`, no `[gate]` written)"
     rows = []
     for half, n, label in (("calibration", report["n_calib"], f"calibration half: {what}"),
-                           ("check", report["n_check"], "check half (not chosen on)")):
+                           ("check", report["n_check"], f"check half ({'confirmed on' if ruled else 'not chosen on'})")):
         h = g[half]
         rows.append(f"| {label} | {n} | {pct(h['zero_cloud_share'])} % | {h['quality']:.1f} | "
                     f"{signed(h['quality'] - cloud[half]['quality'])} | {h['call_rate']:.3f} | {h['work_per_clip']:.1f} |")
@@ -717,7 +722,7 @@ def calibration_meaning(report: dict[str, Any]) -> list[str]:
 def calibration_presets(report: dict[str, Any]) -> list[str]:
     """What a calibrate run chose (its --report): the baselines, each preset written, and the
     setting that verifies every block at quality's k, on both halves; the check half's distance
-    from cloud-only (clips the choice never saw), and for frugal the share of clips that never
+    from cloud-only (clips that did not propose the choice), and for frugal the share of clips that never
     reached the cloud."""
     by_name = {s["name"]: s for s in report["settings"]}
     cloud_chk = by_name["cloud-only"]["check"]["quality"]
@@ -734,7 +739,7 @@ def calibration_presets(report: dict[str, Any]) -> list[str]:
     rows.append(row("cloud-only", by_name["cloud-only"], "0 / 0 %"))
     rows.append(row("edge-only", by_name["edge-only"], "100 / 100 %"))
     for name, s, met in picked:
-        rows.append(row(f"**{name}**" + ("" if met else " (none within its points: best quality)"), s))
+        rows.append(row(f"**{name}**" + ("" if met else " (none shown within its points: every block verified)"), s))
     if gate is not None:
         rows.append(row(f"**{gate['name']}**", by_name[gate["setting"]],
                         f"{pct(gate['calibration']['zero_cloud_share'])} / {pct(gate['check']['zero_cloud_share'])} %"))
@@ -754,9 +759,9 @@ def bundled_presets(report: dict[str, Any]) -> list[str]:
     rows = ["| preset | threshold | k | verify | chosen by `specdec calibrate` as |", "|---|---|---|---|---|"]
     for c in report["choices"]:
         s = by_name[c["setting"]]
-        how = "cheapest" if c["met"] else "none within the budget: best quality"
-        rows.append(f"| {c['name']} | {_num(s['threshold'])} | {s['k']} | entropy | {how} within {c['points']:g} "
-                    f"point(s) of cloud-only (calls per token) |")
+        how = (f"cheapest within {c['points']:g} point(s) of cloud-only (calls per token)" if c["met"] else
+               f"none shown within {c['points']:g} point(s) of cloud-only: every block verified")
+        rows.append(f"| {c['name']} | {_num(s['threshold'])} | {s['k']} | entropy | {how} |")
     g = report["gate"]
     if g is not None and g["met"]:
         s = by_name[g["setting"]]

@@ -14,12 +14,15 @@ Run by hand from a checkout (needs espeak-ng for the clips):
    (specdec_cli/gate_fit.py); a sweep of k x gate_upload x gate_verify (thresholds from the
    percentiles of the edge-only blocks' meaning scores, gate_verify <= gate_upload); the settings
    chosen by specdec_cli/calibration_objective.choose within 1 point ("meaning-1") and 3 points
-   ("meaning-3") of cloud-only with one standard error of margin (z = 1), cost = cloud work per
-   clip (a clip that goes up pays its prefill), then calls per token; and, for comparison, the
-   plain rule (z = 0: "meaning-1 z0", "meaning-3 z0"). The control: today's entropy gate swept
-   the same way (k x threshold, thresholds at percentiles of the edge's block uncertainties up to
-   the 98th) and chosen by the same objective ("entropy-1", "entropy-3"), so what the meaning gate
-   adds is told apart from what the sweep and the objective add.
+   ("meaning-3") of cloud-only by calibrate's rule at its default margin (z = 1: a lower bound on
+   the per-clip gap for the set's size, each (k, gate_upload) tested from gate_verify 0 up, z
+   raised for the number of such chains; calibrate.sweep_chains; no check set here: the
+   measurement set is the check), cost = cloud work per clip (a clip that goes up pays its
+   prefill), then calls per token; and, for comparison, the plain rule (z = 0: "meaning-1 z0",
+   "meaning-3 z0"). The control: today's entropy gate swept the same way (k x threshold,
+   thresholds at percentiles of the edge's block uncertainties up to the 98th) and chosen by the
+   same objective and rule ("entropy-1", "entropy-3"), so what the meaning gate adds is told apart
+   from what the sweep and the objective add.
 3. Measurement set (never seen by step 2): every baseline and chosen setting. Per setting:
    zero-cloud share (clips the cloud never ran for), mean attribute accuracy and its distance to
    cloud-only, cloud calls per output token, bytes up per clip (the clip's FLAC, as
@@ -64,7 +67,7 @@ if str(REPO) not in sys.path:  # `python bench/gate.py` from a checkout without 
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.audio import load_audio  # noqa: E402
-from specdec_cli.calibrate import label_accuracy, thresholds_for  # noqa: E402
+from specdec_cli.calibrate import label_accuracy, sweep_chains, thresholds_for  # noqa: E402
 from specdec_cli.calibration_objective import ClipCost, SettingScore, choose, clip_cost, score_clips  # noqa: E402
 from specdec_cli.decoding import DecodingConfig  # noqa: E402
 from specdec_cli.decoding.batch_loop import generate_batch, speculative_decode_batch  # noqa: E402
@@ -219,7 +222,8 @@ def staged_presets(cfg: DecodingConfig, gate: MeaningGate, fluent: dict[str, Any
     row = next(v for n, v in meas.items() if n.startswith("meaning-3 ("))
     cal_row = next(v for n, v in cal.items() if n.startswith("meaning-3 ("))
     lines = ["# Staged by bench/gate.py: frugal, fluent's budget on the meaning gate, chosen within 3 points of",
-             f"# cloud-only on {result['clips']['calibration']} (specdec_cli/calibration_objective.choose, z = 1),",
+             f"# cloud-only on {result['clips']['calibration']} (specdec_cli/calibration_objective.choose, "
+             "calibrate's rule, z = 1),",
              f"# measured on {result['clips']['measurement']}. The demo pair's presets files",
              "# (specdec_cli/demo/models/{edge,cloud}/specdec_presets.toml) carry this text after their presets.",
              ""]
@@ -302,9 +306,11 @@ def main(argv: list[str] | None = None) -> None:
     for points in (1.0, 3.0):
         for z in (1.0, 0.0):
             label = f"meaning-{points:g}" + ("" if z else " z0")
-            name, _, met = choose(list(cal_sweep.items()), cal_fixed["cloud-only"], points, z)
+            name, _, met = choose(list(cal_sweep.items()), cal_fixed["cloud-only"], points, z,
+                                  chains=sweep_chains({n: configs[n] for n in cal_sweep}))
             chosen[label] = (name, met)
-        name, _, met = choose(list(cal_entropy.items()), cal_fixed["cloud-only"], points, 1.0)
+        name, _, met = choose(list(cal_entropy.items()), cal_fixed["cloud-only"], points, 1.0,
+                              chains=sweep_chains(entropy))
         chosen[f"entropy-{points:g}"] = (name, met)
     cal_sweep.update(cal_entropy)
 

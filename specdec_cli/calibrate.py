@@ -7,10 +7,15 @@ uncertainties the edge produces on the calibration clips (a never-escalating run
 which is also the sweep's cheapest point). That makes the grid fit any pair's scale: a 152k-token
 Qwen vocabulary sums to several nats per block, the demo pair's 443-token vocabulary to about one.
 
-Clips are split into alternating halves (1st, 3rd, … calibrate; 2nd, 4th, … check). The presets are
-chosen on the calibration half only, as the cheapest setting (fewest cloud calls per output token)
-whose quality is within `quality_points` / `fluent_points` of cloud-only's; the check half then says
-how each choice holds up on clips it was not chosen on.
+Clips are split into alternating halves (1st, 3rd, … calibrate; 2nd, 4th, … check). quality and
+fluent are the cheapest settings (fewest cloud calls per output token) shown within
+`quality_points` / `fluent_points` of cloud-only (calibration_objective.select, `margin` its z,
+`--margin`): on the calibration half, each k's thresholds tested from 0 up by a lower confidence
+bound on the per-clip quality gap, whose margin grows as the half shrinks and with the number of
+k's (the cheapest of many settings is the luckiest); then the proposal's k, from threshold 0 up to
+it, tested the same way on the check half, clips that proposed nothing. None holds: a threshold-0
+setting (every block verified: cloud-only's answers), flagged in the file and in a warning. A preset with a
+wider budget is never dearer than one with a narrower (a setting shown within 1 point is within 3).
 
 The meaning gate (decoding/gate.py; skipped with gate=False, `--no-gate`): fitted on the
 calibration half from the edge-only run's answers by self-labelled swaps (gate_fit.fit_gate: edge
@@ -18,9 +23,9 @@ work only, at most MAX_SWAPS per clip), for the task these settings describe (th
 instruction and system turn; any other task decodes with the entropy gate). Per k a
 never-escalating meaning run sets the gate_upload x gate_verify grid (gate_fit.sweep_named), and
 `frugal` is the cheapest meaning setting by the cloud's work per clip (a clip that goes up at all
-pays its prefill) within `frugal_points` (1 point by default, as quality: frugal is the
-preset that keeps clips on the device at quality's budget, not fluent's), with `margin` standard errors of margin (1 by default,
-`--margin`; calibration_objective.choose); written with the `[gate]` table only when one qualifies.
+pays its prefill) shown within `frugal_points` (1 point by default, as quality: frugal is the
+preset that keeps clips on the device at quality's budget, not fluent's) by the same rule, each
+(k, gate_upload) tested from gate_verify 0 up; written with the `[gate]` table only when one is.
 
 Quality, in points (0–100):
 * with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores);
@@ -36,13 +41,24 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
-from .calibration_objective import ClipCost, SettingScore, choose, clip_cost, score_clips
+from .calibration_objective import (
+    ClipCost,
+    GapBound,
+    Selection,
+    SettingScore,
+    call_rate_key,
+    clip_cost,
+    clips_to_show,
+    cost_key,
+    score_clips,
+    select,
+)
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .inputs import Skipped, check_clips, clips_for_resolution, read_all, resolution_points
@@ -115,15 +131,20 @@ def thresholds_for(uncertainties: Sequence[float], percentiles: Sequence[float] 
     return sorted(values)
 
 
-def pick(candidates: Sequence[tuple[Run, Score]], target: float) -> tuple[Run, Score, bool]:
-    """The cheapest candidate scoring at least `target`; ties go to the better quality, then the
-    higher threshold. When none reaches it: the best quality (flagged False)."""
-    fits = [(r, s) for r, s in candidates if s.quality >= target - 1e-9]
-    if fits:
-        r, s = min(fits, key=lambda rs: (rs[1].call_rate, -rs[1].quality, -rs[0].cfg.threshold))
-        return r, s, True
-    r, s = max(candidates, key=lambda rs: (rs[1].quality, -rs[1].call_rate))
-    return r, s, False
+def sweep_chains(configs: Mapping[str, DecodingConfig]) -> list[list[str]]:
+    """The sweep's settings (name -> config) as calibrate tests them (calibration_objective.select):
+    chains, each from its safest setting: the entropy gate per k by threshold (0 first: every block
+    verified, cloud-only's answers; inf last), the meaning gate per (k, gate_upload) by gate_verify
+    (0 first: every block of a clip that went up verified). Along a chain each setting sends fewer
+    blocks to the cloud than the one before, so its quality is expected to fall: the order
+    fixed-sequence testing needs, fixed before any clip is scored."""
+    groups: dict[tuple, list[tuple[float, str]]] = {}
+    for name, cfg in configs.items():
+        if cfg.verify == "meaning":
+            groups.setdefault(("meaning", cfg.k, cfg.gate_upload), []).append((cfg.gate_verify, name))
+        else:
+            groups.setdefault(("entropy", cfg.k), []).append((cfg.threshold, name))
+    return [[name for _, name in sorted(members)] for members in groups.values()]
 
 
 # -- the presets file ------------------------------------------------------------------------------
@@ -134,19 +155,38 @@ def toml_float(x: float) -> str:
 
 @dataclass(frozen=True)
 class Choice:
+    """quality or fluent: the setting, its scores on both halves, whether it was shown within
+    `points` (`met`; False: the fallback), and the numbers it was judged by (`selection`)."""
+
     name: str
     points: float
     run: Run
     calib: Score
     check: Score
     met: bool
+    selection: Selection | None = None
+    taken_from: str | None = None  # a narrower budget's preset, when that one was cheaper
+
+
+def _bound_line(calib: GapBound, check: GapBound | None) -> str:
+    """The presets file's comment on how sure a preset is within its budget."""
+    line = (f"gap to cloud-only {calib.mean:+.2f} points, lower bound {calib.lower:+.2f} at z "
+            f"{calib.z:.2f} (calibration half)")
+    if check is not None:
+        line += f"; {check.mean:+.2f}, {check.lower:+.2f} at z {check.z:.2f} (check half)"
+    return line
+
+
+def _by(margin: float) -> str:
+    return f"specdec calibrate --margin {margin:g}" if margin != 1.0 else "specdec calibrate"
 
 
 @dataclass(frozen=True)
 class GateChoice:
     """The meaning-gate preset (`frugal`): the cheapest meaning setting by the cloud's work per clip
-    (calibration_objective.choose, z = `margin`: --margin, 1 by default) within `points` of
-    cloud-only; `met` False: none was, and the file gets neither the preset nor the gate. `swaps` / `changed`: what the gate was fitted on."""
+    shown within `points` of cloud-only (calibration_objective.select, z = `margin`: --margin, 1 by
+    default); `met` False: none was, and the file gets neither the preset nor the gate. `swaps` /
+    `changed`: what the gate was fitted on; `selection`: the numbers it was judged by."""
 
     name: str
     points: float
@@ -159,6 +199,7 @@ class GateChoice:
     changed: int
     fallback_threshold: float  # the entropy threshold it keeps for another task (fluent's)
     margin: float = 1.0        # the standard errors of margin it was chosen with (--margin)
+    selection: Selection | None = None
 
 
 def _gate_comment(half: str, s: SettingScore) -> str:
@@ -173,11 +214,12 @@ def gate_presets_toml(g: GateChoice, n_calib: int) -> str:
     if not g.met:
         return ""
     cfg = g.run.cfg
-    by = f"specdec calibrate --margin {g.margin:g}" if g.margin != 1.0 else "specdec calibrate"
+    sel = g.selection
+    sure = [] if sel is None else [_bound_line(sel.calibration[g.run.name], sel.check.get(g.run.name))]
     lines = meaning_preset_lines(
         g.name, f"cheapest within {g.points:g} point(s) of cloud-only on the meaning gate, counting clips that go up "
-        f"({by})", cfg.k, cfg.uncertainty, g.fallback_threshold, cfg.gate_upload, cfg.gate_verify,
-        [_gate_comment("calibration", g.calib), _gate_comment("check", g.check)])
+        f"({_by(g.margin)})", cfg.k, cfg.uncertainty, g.fallback_threshold, cfg.gate_upload, cfg.gate_verify,
+        [_gate_comment("calibration", g.calib), _gate_comment("check", g.check), *sure])
     about = (f"fitted by specdec calibrate on {n_calib} clips ({g.swaps} self-labelled swaps, {g.changed} changed "
              "what the sentence says)")
     return "\n" + "\n".join(lines) + "\n\n" + gate_toml(g.gate, about)
@@ -192,13 +234,23 @@ def presets_toml(choices: Sequence[Choice], header: Sequence[str], baselines: di
                      f"cloud calls per token {cal.call_rate:.3f} / {chk.call_rate:.3f}")
     for c in choices:
         cfg = c.run.cfg
-        how = "cheapest" if c.met else "none reached the target: best quality"
-        lines += ["", f"[{c.name}]",
-                  f'description = "{how} within {c.points:g} point(s) of cloud-only (specdec calibrate)"',
+        by = "specdec calibrate" if c.selection is None else _by(c.selection.margin)
+        if c.met:
+            description = f"cheapest within {c.points:g} point(s) of cloud-only ({by})"
+        else:
+            description = (f"none shown within {c.points:g} point(s) of cloud-only on these clips: the safest, "
+                           f"every block verified ({by})")
+        lines += ["", f"[{c.name}]", f'description = "{description}"',
                   f"threshold = {toml_float(cfg.threshold)}", f"k = {cfg.k}", f'uncertainty = "{cfg.uncertainty}"',
                   f'verify = "{cfg.verify}"',
                   f"# calibration half: quality {c.calib.quality:.1f}, cloud calls per token {c.calib.call_rate:.3f}",
                   f"# check half:       quality {c.check.quality:.1f}, cloud calls per token {c.check.call_rate:.3f}"]
+        if c.selection is not None:
+            sel = c.selection
+            lines.append(f"# {_bound_line(sel.calibration[c.run.name], sel.check.get(c.run.name))}")
+            if c.taken_from is not None:
+                lines.append(f"# {c.taken_from}'s setting: shown within {c.points:g} point(s) as within its own "
+                             "budget, and cheaper than this budget's own choice")
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +325,18 @@ class Calibration:
     def report(self) -> dict[str, Any]:
         """Every setting's scores on both halves and what was chosen, as JSON (`calibrate --report`):
         what docs tables about a calibration are drawn from (bench/doc_tables.py), so none is
-        copied by hand."""
+        copied by hand. With them, what the rule computed (calibration_objective.select): each swept
+        setting's gap to cloud-only on each half (`gap`: plain mean, adjusted mean, standard
+        error, z, lower bound; the entropy settings' as quality and fluent were judged, the
+        meaning settings' as frugal was), and per preset the margin, the z on the calibration
+        half, the chains, the settings accepted there, the proposal and what the check half
+        confirmed."""
+        gaps: dict[str, dict[str, Any]] = {}
+        for sel in [c.selection for c in self.choices[:1]] + [None if self.gate is None else self.gate.selection]:
+            if sel is None:
+                continue
+            for name, b in sel.calibration.items():
+                gaps[name] = {"calibration": _bound(b), "check": _bound(sel.check[name]) if name in sel.check else None}
         chosen: dict[str, list[str]] = {}
         for c in self.choices:
             chosen.setdefault(c.run.name, []).append(c.name)
@@ -292,6 +355,7 @@ class Calibration:
             out["calibration"] = {"quality": cal.quality, "call_rate": cal.call_rate}
             out["check"] = {"quality": chk.quality, "call_rate": chk.call_rate}
             out["chosen"] = chosen.get(r.name, [])
+            out["gap"] = gaps.get(r.name)
             return out
 
         gate = None
@@ -303,32 +367,66 @@ class Calibration:
                         "work_per_clip": s.work_per_clip}
             gate = {"name": g.name, "points": g.points, "met": g.met, "margin": g.margin, "setting": g.run.name,
                     "calibration": half(g.calib), "check": half(g.check), "swaps": g.swaps,
-                    "weights": len(g.gate.weights)}
+                    "weights": len(g.gate.weights), **_rule(g.selection)}
         return {"measure": self.measure, "n_calib": self.n_calib, "n_check": self.n_check,
                 "settings": [setting(r) for r in self.runs],
-                "choices": [{"name": c.name, "points": c.points, "met": c.met, "setting": c.run.name}
+                "choices": [{"name": c.name, "points": c.points, "met": c.met, "setting": c.run.name,
+                             **_rule(c.selection), "taken_from": c.taken_from}
                             for c in self.choices],
                 "gate": gate}
 
     def warnings(self) -> list[str]:
         """What makes the choice weaker than it looks, one line each: too few clips for the targets to
-        be told apart, and a preset whose check half misses its target (on clips it was not chosen
-        on). Empty when neither."""
+        be told apart, a preset that no setting was shown within (the fallback), and a preset whose
+        check half misses its target (on clips it was not chosen on). Empty when none."""
         lines = []
         tightest = min(c.points for c in self.choices)
         if self.n_calib < clips_for_resolution(tightest):
             lines.append(f"the choice rests on {self.n_calib} calibration clips (checked on {self.n_check}): one "
                          f"attribute changed on one clip moves quality by {resolution_points(self.n_calib):.1f} "
                          f"points, more than the {tightest:g}-point target; calibrate on at least "
-                         f"{2 * clips_for_resolution(tightest)} clips")
+                         f"{self.clips_needed(tightest)} clips")
+        for c in self.choices:
+            if not c.met and c.selection is not None:
+                lines.append(f"{c.name}: no setting was shown within {c.points:g} point(s) of cloud-only on "
+                             f"{self.n_calib} + {self.n_check} clips (--margin {c.selection.margin:g}), so it "
+                             f"verifies every block ({c.run.name}: cloud-only's answers); calibrate on more clips: "
+                             f"even a setting that matches cloud-only on every clip needs "
+                             f"{self.clips_needed(c.points)}")
         cloud_check = self.scored["cloud-only"][1].quality
         for c in self.choices:
             gap = cloud_check - c.check.quality
+            if not c.met and c.selection is not None:
+                continue  # said above
             if gap > c.points:
                 lines.append(f"{c.name} misses its target on the check half: {c.check.quality:.1f} against "
                              f"cloud-only's {cloud_check:.1f} ({gap:.1f} points below; target within {c.points:g}): "
                              "the choice does not hold on clips it was not chosen on; calibrate on more clips")
         return lines
+
+    def clips_needed(self, points: float) -> int:
+        """The fewest clips (both halves) on which a setting that matches cloud-only on every clip
+        is shown within `points` by quality's rule (calibration_objective.clips_to_show, at the z of
+        each half), and on which one attribute of one clip moves quality by at most `points`."""
+        need = clips_for_resolution(points)
+        sel = self.choices[0].selection
+        if sel is not None and sel.margin > 0:
+            need = max(need, clips_to_show(points, sel.z), clips_to_show(points, sel.margin))
+        return 2 * need
+
+
+def _bound(b: GapBound) -> dict[str, float]:
+    return {"mean": b.mean, "adjusted": b.adjusted, "se": b.se, "z": b.z, "lower": b.lower}
+
+
+def _rule(sel: Selection | None) -> dict[str, Any]:
+    """A preset's rule in the report: the margin (--margin), the z on the calibration half, the
+    chains tested (safest first), the settings accepted there, the proposal, and what the check
+    half confirmed of its chain."""
+    if sel is None:
+        return {}
+    return {"margin": sel.margin, "z": sel.z, "chains": sel.chains, "accepted": sel.accepted,
+            "proposed": sel.proposed, "confirmed": sel.confirmed}
 
 
 def _record(out: Description, run: Run) -> None:
@@ -349,18 +447,18 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               gate: bool = True,
               max_swaps: int = MAX_SWAPS, margin: float = 1.0,
               on_skip: Callable[[Skipped], None] | None = None) -> Calibration:
-    """Run cloud-only, edge-only and the threshold x k sweep over the clips, pick the presets on the
-    calibration half and score them on the check half (see the module doc). `settings`: explicit
+    """Run cloud-only, edge-only and the threshold x k sweep over the clips, propose the presets on
+    the calibration half and confirm them on the check half (see the module doc). `settings`: explicit
     decoding settings every run shares (sampling, the prompt). A clip that fails stops the
     calibration (its presets would be chosen on holes), naming the clip.
 
     `gate`: also fit the meaning gate on the calibration half (gate_fit.fit_gate on the edge-only
     answers, at most `max_swaps` swaps per clip: edge-only work) for the task these settings
     describe, sweep k x gate_upload x gate_verify (gate_fit.sweep) and choose `frugal`, the cheapest
-    meaning setting by cloud work per clip within `frugal_points` (calibration_objective.choose),
-    keeping `margin` standard errors of the calibration half's quality gap (its z; 0: the plain
-    rule). A clip that cannot be read (what only decoding finds) is left out before the halves are
-    drawn, told to `on_skip` (inputs.read_all)."""
+    meaning setting by cloud work per clip shown within `frugal_points`. Every preset is chosen by
+    calibration_objective.select with z = `margin` (0: the plain rule, the mean gap on the
+    calibration half alone). A clip that cannot be read (what only decoding finds) is left out
+    before the halves are drawn, told to `on_skip` (inputs.read_all)."""
     from .describe import describe_many
     from .evaluate import warm_up
 
@@ -459,24 +557,39 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
         kinds = {"phrases": "per-attribute agreement with cloud-only's canonical phrases",
                  "chars": "character similarity (difflib) to cloud-only's sentence"}
         measure = "; ".join(kinds[u] for u in sorted(used, reverse=True)) or kinds["chars"]
-    cloud_cal = scored[cloud_run.name][0].quality
-    candidates = [(r, scored[r.name][0]) for r in sweep]
+    # The choices (calibration_objective.select): on the calibration half, each chain of settings
+    # (sweep_chains) tested from its safest by the per-clip gap to cloud-only; the proposal's chain
+    # then tested on the check half.
+    per_clip: dict[str, tuple[list[ClipCost], list[ClipCost]]] = {}
+
+    def costs(r: Run) -> tuple[list[ClipCost], list[ClipCost]]:
+        if r.name not in per_clip:
+            def half(idx: Sequence[int]) -> list[ClipCost]:
+                return [clip_cost(r.stats[i], quality_of(i, r.texts[i])) for i in idx]
+            per_clip[r.name] = (half(calib), half(check))
+        return per_clip[r.name]
+
+    def selection(settings_: Sequence[Run], points: float, key: Callable[[SettingScore], tuple]) -> Selection:
+        cal_ref, chk_ref = costs(cloud_run)
+        return select([(r.name, costs(r)[0]) for r in settings_], cal_ref, points, z=margin,
+                      chains=sweep_chains({r.name: r.cfg for r in settings_}),
+                      check=([(r.name, costs(r)[1]) for r in settings_], chk_ref), key=key)
+
+    by_name = {r.name: r for r in runs}
     choices = []
     for name, points in (("quality", quality_points), ("fluent", fluent_points)):
-        r, s, met = pick(candidates, cloud_cal - points)
-        choices.append(Choice(name, points, r, s, scored[r.name][1], met))
+        sel = selection(sweep, points, call_rate_key)
+        r = by_name[sel.name]
+        choices.append(Choice(name, points, r, *scored[r.name], sel.met, sel))
+    choices = no_dearer_than_narrower(choices)
     gate_choice = None
     if fitted is not None:
-        def costs(r: Run, idx: Sequence[int]) -> list[ClipCost]:
-            return [clip_cost(r.stats[i], quality_of(i, r.texts[i])) for i in idx]
-
-        by_name = {r.name: r for r in meaning}
-        name, _, met = choose([(r.name, costs(r, calib)) for r in meaning], costs(cloud_run, calib), frugal_points,
-                              z=margin)
-        r = by_name[name]
-        gate_choice = GateChoice("frugal", frugal_points, r, score_clips(costs(r, calib)), score_clips(costs(r, check)),
-                                 met, fitted, len(swaps), sum(w.changed for w in swaps), choices[1].run.cfg.threshold,
-                                 margin)
+        sel = selection(meaning, frugal_points, cost_key)
+        r = by_name[sel.name]
+        cal_costs, chk_costs = costs(r)
+        gate_choice = GateChoice("frugal", frugal_points, r, score_clips(cal_costs), score_clips(chk_costs),
+                                 sel.met, fitted, len(swaps), sum(w.changed for w in swaps), choices[1].run.cfg.threshold,
+                                 margin, sel)
 
     header = [f"Presets written by `specdec calibrate` (specdec {__version__}, {time.strftime('%Y-%m-%d')}).",
               f"edge: {_shown(pair.models.edge_id)}", f"cloud: {_shown(pair.models.cloud_id)}",
@@ -489,11 +602,28 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
                   f"meaning gate: fitted on the calibration half ({_task(base)}); sweep: k in {list(ks)},",
                   f"  gate_upload at the blocks' meaning-score percentiles {list(GATE_UPLOAD_PERCENTILES)},",
                   f"  gate_verify at 0, {list(GATE_VERIFY_PERCENTILES)} and gate_upload"]),
-              f"chosen on the calibration half; {len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
+              ("chosen on the calibration half, confirmed on the check half (calibration_objective.select, "
+               f"--margin {margin:g})" if margin > 0 else "chosen on the calibration half (--margin 0: the plain rule)"),
+              f"{len(runs) * len(paths)} decodes in {seconds:.0f} s", ""]
     text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
     if gate_choice is not None:
         text += gate_presets_toml(gate_choice, len(calib))
     return Calibration(runs, scored, choices, measure, text, len(calib), len(check), gate_choice)
+
+
+def no_dearer_than_narrower(choices: list[Choice]) -> list[Choice]:
+    """A setting shown within 1 point is within 3: a preset whose own choice costs more calls per
+    token than one a narrower budget met (each budget's check can stop a different k's chain) takes
+    that one, and says so."""
+    out: list[Choice] = []
+    for c in choices:
+        narrower = [o for o in out if o.met and o.points <= c.points
+                    and (not c.met or o.calib.call_rate < c.calib.call_rate)]
+        if narrower:
+            o = min(narrower, key=lambda o: (o.calib.call_rate, -o.calib.quality))
+            c = Choice(c.name, c.points, o.run, o.calib, o.check, True, c.selection, o.name)
+        out.append(c)
+    return out
 
 
 def _gate_settings_max() -> int:

@@ -8,14 +8,29 @@ about 750 audio tokens for 30 s on Qwen2.5-Omni) and its upload; a further call 
 already holds costs about k tokens and a round trip. Calls per token alone (the objective before)
 cannot tell one verification on every clip from two on half of them, though only the second keeps
 half the clips on the device. `share_first_key` orders by the share of clips that go up instead;
-`max_call_rate` bounds the round trips.
+`call_rate_key` by calls per token (the entropy presets); `max_call_rate` bounds the round trips.
 
-"Within N points" is judged with a margin for the calibration set's size: a setting qualifies
-when the mean of its per-clip quality gaps to cloud-only, less `z` standard errors of that mean,
-is at least -N (z = 0: the plain rule). Measured on the demo pair (bench/gate.py, 48 clips to
-calibrate, 48 to measure): the plain rule's choices, picked as the cheapest of ~150 settings on 48
-clips, lost 2-3 points on clips they were not chosen on; a setting that changes many clips' answers
-has a wide standard error and needs a larger mean to qualify.
+"Within N points" is judged by a lower confidence bound on each setting's mean per-clip quality
+gap to cloud-only (`select`; `choose` is its short form), with three parts, because the plain rule
+(the mean gap >= -N on the calibration clips) picked settings that lost 2-3 points on clips they
+were not chosen on (the cheapest of ~150 settings on 48 clips: the winner's curse), and on 24
+clips a setting that matched cloud-only on every clip had a standard error of 0 and no margin:
+
+1. The bound for one setting, `gap_bound`: the mean gap less z standard errors, with Agresti and
+   Min's "Wald+2" adjustment for paired data (one clip's worth of pseudo-clips: a half clip one
+   attribute up, a half clip one attribute down, one clip unchanged), so that the margin never
+   vanishes and grows as the set shrinks: at least z x (one attribute) / (n + 2), 0.64 z points
+   on 24 clips, 0.33 z on 48, 0.09 z on 192.
+2. The choice among many, `select`: the settings come in chains, each ordered from the safest (a
+   block length's thresholds from 0 up) and tested in that order until the first one outside the
+   budget (fixed-sequence testing: each test at the full level, no correction within a chain),
+   the level split evenly over the chains (Bonferroni): z = Phi^-1(1 - (1 - Phi(margin)) / chains).
+3. A check of the one proposal on clips that chose nothing (calibrate's check half): its chain,
+   from the safest up to the proposal, tested in order at the plain margin (one chain, chosen on
+   other clips: no correction); the cheapest that holds on both halves is chosen. None holds: the
+   best quality among the chains' safest settings, flagged False.
+
+`margin` 0 is the plain rule (no margin, no order, no check), kept for comparison.
 
 Pure functions over per-clip numbers, so the objective is tested on hand-computed tables and
 calibrate (or a bench) feeds it whatever runs it made.
@@ -24,9 +39,16 @@ calibrate (or a bench) feeds it whatever runs it made.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
+
+from .phrases import ATTRIBUTES
+
+# The pseudo-clips' size: one attribute of one clip (1/6 of a clip's quality), the smallest change
+# the labels can see, used for every measure (agreement by phrases has the same step).
+ONE_ATTRIBUTE = 100.0 / len(ATTRIBUTES)
 
 
 @dataclass(frozen=True)
@@ -92,6 +114,12 @@ def share_first_key(score: SettingScore) -> tuple[float, float, float]:
     return (score.up_share, score.call_rate, -score.quality)
 
 
+def call_rate_key(score: SettingScore) -> tuple[float, float]:
+    """Cloud calls per output token, then the better quality (the entropy presets: every clip goes
+    up, so work per clip tells them apart no better)."""
+    return (score.call_rate, -score.quality)
+
+
 def quality_gap(clips: Sequence[ClipCost], reference: Sequence[ClipCost]) -> tuple[float, float]:
     """The mean per-clip quality gap of `clips` to `reference` (the same clips under cloud-only),
     in points, and the standard error of that mean (sample standard deviation / sqrt(n); 0 for one
@@ -107,23 +135,163 @@ def quality_gap(clips: Sequence[ClipCost], reference: Sequence[ClipCost]) -> tup
     return mean, math.sqrt(var / n)
 
 
-def choose(candidates: Sequence[tuple[str, Sequence[ClipCost]]], reference: Sequence[ClipCost], points: float,
-           z: float = 1.0, max_call_rate: float | None = None,
-           key: Callable[[SettingScore], tuple] = cost_key) -> tuple[str, SettingScore, bool]:
-    """The cheapest candidate (by `key`) whose quality gap to `reference` (cloud-only on the same
-    clips) is at least -`points` with `z` standard errors of margin (and whose call rate is at most
-    `max_call_rate`); ties keep the earlier candidate. None qualifies: the best quality, flagged False.
-    `candidates`: (name, per-clip costs) pairs, each over the reference's clips."""
+@dataclass(frozen=True)
+class GapBound:
+    """One setting's per-clip quality gap to cloud-only on one set of clips, in points, and the
+    lower confidence bound it is judged by (`gap_bound`)."""
+
+    n: int              # clips
+    mean: float         # the plain mean of the per-clip gaps
+    adjusted: float     # Agresti-Min: the sum over n + 2 clips (the pseudo-clips' gaps cancel)
+    se: float           # the adjusted mean's standard error (never 0)
+    z: float            # standard errors of margin
+    lower: float        # adjusted - z * se
+
+    def within(self, points: float) -> bool:
+        return self.lower >= -points - 1e-9
+
+
+def gap_bound(clips: Sequence[ClipCost], reference: Sequence[ClipCost], z: float,
+              unit: float = ONE_ATTRIBUTE) -> GapBound:
+    """The lower confidence bound on the mean per-clip gap of `clips` to `reference` (the same
+    clips under cloud-only), in points, at `z` standard errors.
+
+    Agresti & Min, "Simple improved confidence intervals for comparing matched proportions",
+    Statistics in Medicine 24 (2005) 729-740, the "Wald+2" interval: add half a pair to each cell
+    of the paired 2 x 2 table, then take the Wald interval over n + 2. Here the per-clip gap is a
+    share of attributes, not 0/1, so the pseudo-clips are half a clip at +`unit`, half at -`unit`
+    and one at 0 (with 0/1 outcomes and unit 100 it is their interval exactly). It keeps a setting
+    that matched cloud-only on every one of few clips from a standard error of 0: the error is
+    then `unit` / (n + 2), and the margin grows as the set shrinks. Written here: no maintained
+    library computes it for a mean of shares (statsmodels has it for 0/1 pairs only)."""
+    if len(clips) != len(reference) or not clips:
+        raise ValueError("the setting and the reference must score the same, non-empty, clips")
+    gaps = [100.0 * (c.quality - r.quality) for c, r in zip(clips, reference, strict=True)]
+    n = len(gaps)
+    m = n + 2
+    adjusted = sum(gaps) / m
+    var = max((sum(g * g for g in gaps) + unit * unit) / m - adjusted * adjusted, 0.0)
+    se = math.sqrt(var / m)
+    return GapBound(n, sum(gaps) / n, adjusted, se, z, adjusted - z * se)
+
+
+def family_z(margin: float, families: int) -> float:
+    """The z each of `families` chains is tested at so that all of them together keep the level
+    `margin` gives one test (one-sided, 1 - Phi(margin)): Bonferroni, the level split evenly.
+    margin 1 (84 %): 1.41 for 2 chains, 1.75 for 4, 2.2 for 12."""
+    if families <= 1 or margin <= 0:
+        return margin
+    normal = NormalDist()
+    return normal.inv_cdf(1.0 - (1.0 - normal.cdf(margin)) / families)
+
+
+def clips_to_show(points: float, z: float, unit: float = ONE_ATTRIBUTE) -> int:
+    """The fewest clips on which a setting that matches cloud-only on every clip is shown within
+    `points` at `z` standard errors (`gap_bound`: z * unit / (n + 2) <= points)."""
+    if z <= 0:
+        return 1
+    return max(1, math.ceil(z * unit / points - 2 - 1e-9)) if points > 0 else math.inf  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What `select` found: the setting, whether it was shown within the budget, and every number
+    it was judged by (calibrate's --report lists them)."""
+
+    name: str                      # the setting chosen
+    met: bool                      # shown within the budget (False: the fallback, see `select`)
+    proposed: str | None           # the cheapest accepted on the calibration clips, before the check
+    margin: float                  # z of one test (calibrate's --margin; 0: the plain rule)
+    z: float                       # z on the calibration clips (`family_z` over the chains)
+    chains: list[list[str]]        # the order tested in, safest first
+    calibration: dict[str, GapBound]
+    accepted: list[str]            # within the budget on the calibration clips, in the chains' order
+    check: dict[str, GapBound] = field(default_factory=dict)  # every setting on the check clips (z = margin)
+    confirmed: list[str] = field(default_factory=list)        # the proposal's chain that held on the check clips
+
+
+def _in_order(chain: Sequence[str], bounds: Mapping[str, GapBound], points: float) -> list[str]:
+    """Fixed-sequence testing: the chain's settings within `points`, from its head to the first that
+    is not (Maurer, Hothorn & Lehmacher 1995; Hsu & Berger, JASA 94 (1999) 468-482, the stepwise
+    way to the largest safe dose; Angelopoulos et al., "Learn then Test", 2021, for a threshold
+    grid). Each test at the full level: a false acceptance needs the first setting outside the
+    budget to pass its own test."""
+    out = []
+    for name in chain:
+        if not bounds[name].within(points):
+            break
+        out.append(name)
+    return out
+
+
+def _chains(names: Sequence[str], chains: Sequence[Sequence[str]] | None) -> list[list[str]]:
+    """`chains` checked against the candidates (each in exactly one); every candidate in none is
+    a chain of its own (no order known: Bonferroni over all of them)."""
+    known = set(names)
+    out = [list(c) for c in (chains or ()) if c]
+    seen = [n for c in out for n in c]
+    if len(seen) != len(set(seen)) or not set(seen) <= known:
+        raise ValueError("each chain lists candidates, and no candidate is in two chains")
+    return out + [[n] for n in names if n not in set(seen)]
+
+
+def select(candidates: Sequence[tuple[str, Sequence[ClipCost]]], reference: Sequence[ClipCost], points: float,
+           z: float = 1.0, *, chains: Sequence[Sequence[str]] | None = None,
+           check: tuple[Sequence[tuple[str, Sequence[ClipCost]]], Sequence[ClipCost]] | None = None,
+           max_call_rate: float | None = None, key: Callable[[SettingScore], tuple] = cost_key,
+           unit: float = ONE_ATTRIBUTE) -> Selection:
+    """The cheapest candidate (by `key`, on the calibration clips; ties keep the earlier) shown
+    within `points` of `reference` (cloud-only on the same clips) and at most `max_call_rate` calls
+    per token, as the module doc says: each `chains` list (candidate names, safest first; a
+    candidate in none is a chain of its own) tested in order at `family_z(z, chains)` standard
+    errors (`gap_bound`, the margin for the set's size); then, with `check` (the candidates and
+    cloud-only on other clips), the proposal's chain up to it tested in order on those at `z`.
+    Nothing shown within: the best quality among the chains' heads (then the cheaper), met False.
+    z = 0: the plain rule (the mean gap >= -points, every candidate alone, no check)."""
     if not candidates:
         raise ValueError("no candidates to choose from")
-    scored = [(name, score_clips(clips), quality_gap(clips, reference)) for name, clips in candidates]
-    fits = [(n, s) for n, s, (mean, se) in scored
-            if mean - z * se >= -points - 1e-9 and (max_call_rate is None or s.call_rate <= max_call_rate + 1e-12)]
-    if fits:
-        name, score = min(fits, key=lambda ns: key(ns[1]))
-        return name, score, True
-    name, score, _ = min(scored, key=lambda nsg: (-nsg[1].quality, key(nsg[1])))
-    return name, score, False
+    names = [n for n, _ in candidates]
+    order = _chains(names, chains)
+    scores = {n: score_clips(c) for n, c in candidates}
+
+    def affordable(n: str) -> bool:
+        return max_call_rate is None or scores[n].call_rate <= max_call_rate + 1e-12
+
+    def cheapest_of(pool: Sequence[str]) -> str | None:
+        pool = [n for n in names if n in set(pool) and affordable(n)]  # candidates' order: ties keep the earlier
+        return min(pool, key=lambda n: key(scores[n])) if pool else None
+
+    plain = z <= 0
+    z_cal = 0.0 if plain else family_z(z, len(order))
+    bounds = {n: gap_bound(c, reference, z_cal, unit) for n, c in candidates}
+    if plain:
+        accepted = [n for n in names if bounds[n].mean >= -points - 1e-9]
+    else:
+        accepted = [n for chain in order for n in _in_order(chain, bounds, points)]
+    proposed = cheapest_of(accepted)
+    chosen, on_check, confirmed = proposed, {}, []
+    if check is not None and not plain:
+        others, reference_check = check
+        on_check = {n: gap_bound(c, reference_check, z, unit) for n, c in others}
+        if proposed is not None:
+            chain = next(c for c in order if proposed in c)
+            confirmed = _in_order(chain[:chain.index(proposed) + 1], on_check, points)
+            chosen = cheapest_of(confirmed)
+    if chosen is not None:
+        return Selection(chosen, True, proposed, z, z_cal, order, bounds, accepted, on_check, confirmed)
+    heads = [c[0] for c in order]
+    best = min((n for n in names if n in set(heads)), key=lambda n: (-scores[n].quality, key(scores[n])))
+    return Selection(best, False, proposed, z, z_cal, order, bounds, accepted, on_check, confirmed)
+
+
+def choose(candidates: Sequence[tuple[str, Sequence[ClipCost]]], reference: Sequence[ClipCost], points: float,
+           z: float = 1.0, max_call_rate: float | None = None,
+           key: Callable[[SettingScore], tuple] = cost_key, **rule: Any) -> tuple[str, SettingScore, bool]:
+    """`select`'s choice as (name, its score on the calibration clips, shown within the budget);
+    `rule`: select's `chains`, `check` and `unit`. `candidates`: (name, per-clip costs) pairs, each
+    over the reference's clips."""
+    picked = select(candidates, reference, points, z, max_call_rate=max_call_rate, key=key, **rule)
+    return picked.name, score_clips(dict(candidates)[picked.name]), picked.met
 
 
 def cheapest(candidates: Sequence[tuple[str, SettingScore]], target: float, max_call_rate: float | None = None,

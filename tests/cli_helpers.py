@@ -161,6 +161,16 @@ def report_matches_presets(report: dict, text: str) -> None:
         for half in ("calibration", "check"):
             q, rate = scores[f"{name}/{half}"]
             assert (f"{s[half]['quality']:.1f}", f"{s[half]['call_rate']:.3f}") == (f"{q:.1f}", f"{rate:.3f}")
+        # how sure it is within its budget: the report's gap bounds, as the file's comment says them
+        # (a report written before issue 41's margin has none)
+        if "gap" not in s:
+            continue
+        cal, chk = s["gap"]["calibration"], s["gap"]["check"]
+        said = (f"# gap to cloud-only {cal['mean']:+.2f} points, lower bound {cal['lower']:+.2f} at z {cal['z']:.2f} "
+                "(calibration half)")
+        if chk is not None:  # None: --margin 0, the plain rule, checks nothing
+            said += f"; {chk['mean']:+.2f}, {chk['lower']:+.2f} at z {chk['z']:.2f} (check half)"
+        assert said in text.split(f"[{name}]")[1].split("\n[")[0].splitlines()
     # no setting claims a preset the file does not have
     assert sorted(n for s in settings.values() for n in s["chosen"]) == sorted(written)
 

@@ -12,7 +12,15 @@ import pytest
 from cli_helpers import cloud_only_measured, measured, run_specdec, write_clip
 from typer.testing import CliRunner
 
-from specdec_cli.calibrate import Run, Score, agreement, pick, thresholds_for
+from specdec_cli.calibrate import (
+    Choice,
+    Run,
+    Score,
+    agreement,
+    no_dearer_than_narrower,
+    sweep_chains,
+    thresholds_for,
+)
 from specdec_cli.commands.app import app
 from specdec_cli.decoding import DecodingConfig
 
@@ -54,17 +62,36 @@ def test_thresholds_span_never_to_always_around_the_edges_percentiles():
     assert thresholds_for([float(x) for x in range(1, 12)], [5, 50, 95]) == [0.0, 1.5, 6.0, 10.5, math.inf]
 
 
-def _cand(t: float, q: float, rate: float) -> tuple[Run, Score]:
-    return Run(f"t={t}", DecodingConfig(threshold=t)), Score(q, rate)
+def test_the_sweep_is_tested_in_chains_from_each_ks_safest_setting():
+    """calibration_objective.select tests each chain in order: the entropy gate per k from threshold
+    0 (every block verified) to inf, the meaning gate per (k, gate_upload) from gate_verify 0; the
+    order comes from the settings, not from how they scored."""
+    cfg = DecodingConfig()
+    configs = {"k=4 t=inf": cfg.with_(k=4, threshold=math.inf), "k=4 t=0.5": cfg.with_(k=4, threshold=0.5),
+               "k=6 t=0": cfg.with_(k=6, threshold=0.0), "k=4 t=0": cfg.with_(k=4, threshold=0.0),
+               "m up=0.6 ver=0.6": cfg.with_(k=4, verify="meaning", gate_upload=0.6, gate_verify=0.6),
+               "m up=0.6 ver=0": cfg.with_(k=4, verify="meaning", gate_upload=0.6, gate_verify=0.0),
+               "m up=0.9 ver=0": cfg.with_(k=4, verify="meaning", gate_upload=0.9, gate_verify=0.0)}
+    assert sorted(sweep_chains(configs)) == sorted([["k=4 t=0", "k=4 t=0.5", "k=4 t=inf"], ["k=6 t=0"],
+                                                    ["m up=0.6 ver=0", "m up=0.6 ver=0.6"], ["m up=0.9 ver=0"]])
 
 
-def test_pick_takes_the_cheapest_within_the_points_else_the_best():
-    cands = [_cand(0.0, 99.0, 0.5), _cand(1.0, 98.5, 0.2), _cand(2.0, 96.5, 0.1), _cand(math.inf, 90.0, 0.0)]
-    run, score, met = pick(cands, 99.0 - 1)
-    assert met and run.cfg.threshold == 1.0 and score.call_rate == 0.2
-    assert pick(cands, 99.0 - 3)[0].cfg.threshold == 2.0
-    run, _, met = pick(cands, 100.0)             # nothing reaches it: best quality, flagged
-    assert not met and run.cfg.threshold == 0.0
+def test_a_wider_budget_is_never_dearer_than_a_narrower_one_it_contains():
+    """Each budget's check half can stop a different k's chain: fluent (3 points) then takes
+    quality's setting when quality (shown within 1, so within 3) is cheaper, or when fluent was
+    shown within nothing; a cheaper fluent of its own stays."""
+    def choice(name: str, points: float, t: float, rate: float, met: bool) -> Choice:
+        return Choice(name, points, Run(f"t={t}", DecodingConfig(threshold=t)), Score(98.0, rate), Score(98.0, rate), met)
+
+    quality = choice("quality", 1.0, 0.8, 0.09, True)
+    taken = no_dearer_than_narrower([quality, choice("fluent", 3.0, 0.5, 0.12, True)])[1]
+    assert (taken.run.name, taken.met, taken.taken_from) == ("t=0.8", True, "quality")
+    unmet = no_dearer_than_narrower([quality, choice("fluent", 3.0, 0.0, 0.05, False)])[1]
+    assert (unmet.run.name, unmet.met, unmet.taken_from) == ("t=0.8", True, "quality")
+    own = no_dearer_than_narrower([quality, choice("fluent", 3.0, 1.2, 0.06, True)])[1]
+    assert (own.run.name, own.taken_from) == ("t=1.2", None)
+    unmet_quality = choice("quality", 1.0, 0.0, 0.13, False)
+    assert no_dearer_than_narrower([unmet_quality, choice("fluent", 3.0, 0.0, 0.14, False)])[1].taken_from is None
 
 
 # -- the command on the tiny pair --------------------------------------------------------------------

@@ -14,13 +14,17 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.calibration_objective import choose, clip_cost, score_clips
+from specdec_cli.calibration_objective import choose, clip_cost, score_clips, select
 from specdec_cli.commands.app import app
 from specdec_cli.gate_presets import gate_id, load_gate
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 # Six of the bundled samples (three per half) on the demo pair, one k and a coarse grid: ~10 s.
 FAST = ["--ks", "6", "--percentiles", "50"]
+# Three clips a half show nothing within 1 point (calibration_objective.gap_bound keeps a margin of
+# at least 16.7 / 5 = 3.3 points of standard error for a perfect match on 3 clips): a wide frugal
+# budget, so that the mechanics of writing frugal and its gate are what these tests see.
+WIDE = ["--frugal-points", "30"]
 
 
 def invoke(*args: str):
@@ -39,10 +43,13 @@ def test_frugal_is_the_cheapest_by_clips_that_go_up_within_the_target():
     work); `half` keeps two clips home and verifies the other two three times each (6 / 80 = 0.075
     per token: more calls per token, calibrate's old `pick` would take `every`) but its work per clip
     is 2 x 215 / 4 = 107.5 against 205: `half` wins. `none` sends nothing and is 50 points down:
-    outside 3 points. Within 0 points `every` and `half` both qualify (every clip right): still `half`.
-    `none` qualifies once its gap (mean -50 points, gaps 0/-100/0/-100: standard error
-    57.7 / 2 = 28.9) fits: within 60 points by the plain rule (z = 0), within 79 with calibrate's
-    one standard error of margin (z = 1)."""
+    outside 5 points. Four clips show nothing within 3 points (calibration_objective.gap_bound: a
+    perfect match keeps 16.7 / 6 = 2.8 points of standard error, and three candidates make z 1.62:
+    a 4.5-point margin): the best quality, then the cheapest (`half`), flagged; within 5, `half`.
+    The plain rule (z = 0) takes `every` and `half` within 0 points (every clip right): still
+    `half`. `none` qualifies once its gap fits: within 60 points by the plain rule (mean -50); by
+    the bound (adjusted mean -200/6 = -33.3, se sqrt((20000 + 277.8) / 6 - 33.3^2) / sqrt(6) = 19.4,
+    z 1.62: -64.8) within 80, not 60."""
     ref = [clip_cost(_stats(20, 20, 21, 210), 1.0) for _ in range(4)]
     every = [clip_cost(_stats(20, 1, 2, 205), 1.0) for _ in range(4)]
     half = [clip_cost(_stats(20, 0, 0, 0), 1.0)] * 2 + [clip_cost(_stats(20, 3, 4, 215), 1.0)] * 2
@@ -51,8 +58,9 @@ def test_frugal_is_the_cheapest_by_clips_that_go_up_within_the_target():
     assert score_clips(half).call_rate > score_clips(every).call_rate
     assert score_clips(half).work_per_clip == pytest.approx(107.5)
     candidates = [("every", every), ("half", half), ("none", none)]
-    assert choose(candidates, ref, 3.0)[::2] == ("half", True)
-    assert choose(candidates, ref, 0.0)[::2] == ("half", True)
+    assert choose(candidates, ref, 3.0)[::2] == ("half", False)
+    assert choose(candidates, ref, 5.0)[::2] == ("half", True)
+    assert choose(candidates, ref, 0.0, z=0.0)[::2] == ("half", True)
     assert choose(candidates, ref, 60.0, z=0.0)[::2] == ("none", True)
     assert choose(candidates, ref, 60.0)[::2] == ("half", True)
     assert choose(candidates, ref, 80.0)[::2] == ("none", True)
@@ -76,7 +84,8 @@ def calibrated(clips, tmp_path_factory) -> tuple[Path, str]:
     """The presets file and the output of one calibrate run; its --report JSON is beside the file
     (report.json)."""
     out = tmp_path_factory.mktemp("presets") / "presets.toml"
-    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--report", str(out.with_name("report.json")))
+    result = invoke("calibrate", str(clips), "--out", str(out), *FAST, *WIDE, "--report",
+                    str(out.with_name("report.json")))
     assert result.exit_code == 0, result.stderr
     return out, result.stdout
 
@@ -143,6 +152,18 @@ def test_the_report_says_what_the_presets_file_says(calibrated):
     report = json.loads(out.with_name("report.json").read_text(encoding="utf-8"))
     assert (report["n_calib"], report["n_check"]) == (3, 3) and "clips: 6 from" in text
     report_matches_presets(report, text)
+    # what the rule computed: every swept setting's bounds on both halves, each preset's verdicts
+    spec = [s for s in report["settings"] if s["mode"] == "spec" and s["gap"] is not None]
+    assert {s["name"] for s in report["settings"] if s["chosen"]} <= {s["name"] for s in spec}
+    for s in spec:
+        for half in ("calibration", "check"):
+            b = s["gap"][half]
+            assert b["lower"] == pytest.approx(b["adjusted"] - b["z"] * b["se"]) and b["se"] > 0
+    for c in [*report["choices"], report["gate"]]:
+        assert c["margin"] == 1.0 and c["z"] >= 1.0 and c["chains"]
+        assert set(c["accepted"]) <= {n for chain in c["chains"] for n in chain}
+        assert c["met"] is (c["setting"] in c["confirmed"]) or c.get("taken_from") is not None
+        assert not c["confirmed"] or c["proposed"] in c["accepted"]
 
 
 @pytest.mark.parametrize("where", ["a folder", "the --out file"])
@@ -179,24 +200,26 @@ def test_no_gate_writes_no_gate_table(tmp_path, clips):
     assert not math.isnan(data["fluent"]["threshold"])
 
 
-def test_margin_is_the_objectives_z_for_frugal(tmp_path, clips, monkeypatch):
-    """`--margin Z` reaches the objective as z for frugal, once (the entropy presets keep their own
-    rule), and the written preset says how it was chosen; within 100 points every setting qualifies
-    at z = 0, so frugal is written. A negative margin is refused in one line."""
+def test_margin_is_the_objectives_z_for_every_preset(tmp_path, clips, monkeypatch):
+    """`--margin Z` reaches the objective (calibration_objective.select) as z for quality, fluent
+    and frugal, once each, with the check half, and the written presets say how they were chosen;
+    within 100 points every setting qualifies at z = 0, so frugal is written. A negative margin is
+    refused in one line."""
     import specdec_cli.calibrate as calibration
 
     seen = []
 
     def recording(candidates, reference, points, z=1.0, **kw):
-        seen.append((points, z))
-        return choose(candidates, reference, points, z=z, **kw)
+        seen.append((points, z, kw["check"] is not None))
+        return select(candidates, reference, points, z=z, **kw)
 
-    monkeypatch.setattr(calibration, "choose", recording)
+    monkeypatch.setattr(calibration, "select", recording)
     out = tmp_path / "p.toml"
     result = invoke("calibrate", str(clips), "--out", str(out), *FAST, "--margin", "0", "--frugal-points", "100")
     assert result.exit_code == 0, result.stderr
-    assert seen == [(100.0, 0.0)]
+    assert seen == [(1.0, 0.0, True), (3.0, 0.0, True), (100.0, 0.0, True)]
+    assert "--margin 0: the plain rule" in result.stdout
     text = out.read_text(encoding="utf-8")
-    assert "[frugal]" in text and "(specdec calibrate --margin 0)" in text
+    assert "[frugal]" in text and text.count("(specdec calibrate --margin 0)") == 3
     bad = invoke("calibrate", str(clips), "--out", str(tmp_path / "q.toml"), *FAST, "--margin", "-1")
     assert bad.exit_code == 2 and "Traceback" not in bad.output

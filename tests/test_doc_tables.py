@@ -130,6 +130,12 @@ def test_the_calibration_renderers_order_name_and_mark_settings_as_calibrate_doe
     assert "`gate_upload` 0.5, `gate_verify` 0.25" in listed[-1] and "25.0 / 50.0 %" in listed[-1]
     report["gate"]["met"] = False  # no frugal written: no frugal row
     assert not any("frugal" in r for r in dt.calibration_presets(report)[2:] + dt.bundled_presets(report)[2:])
+    # quality shown within nothing (calibrate's fallback: threshold 0, every block verified)
+    report["choices"][0].update(met=False, setting="k=6 t=0")
+    assert dt.calibration_presets(report)[4].startswith(
+        "| **quality** (none shown within its points: every block verified) | k 6 · t 0.0 |")
+    assert dt.bundled_presets(report)[2] == ("| quality | 0.0 | 6 | entropy | none shown within 1 point(s) of "
+                                             "cloud-only: every block verified |")
 
 
 def test_the_entropy_curve_table_is_report_jsons():
@@ -315,6 +321,11 @@ def test_frugal_origin_reads_calibrates_report():
     one = _calibration()
     one["gate"]["points"] = 1.0
     assert "; within 1 point, margin z = 1 |" in dt.frugal_origin(one)[2]
+    # a report from calibrate's rule (issue 41): the z it was judged at, a check half that confirmed it
+    ruled = _calibration()
+    ruled["gate"].update(z=2.2196, chains=[["m"]] * 12, accepted=["m"], proposed="m", confirmed=["m"])
+    rows = dt.frugal_origin(ruled)[2:]
+    assert "; within 3 points, margin 1 (z 2.22) |" in rows[0] and rows[1].startswith("| check half (confirmed on) |")
 
 
 def test_gate_choices_rows_against_cloud_only():

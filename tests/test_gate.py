@@ -344,11 +344,14 @@ def _clips(qualities: list[float], work: int) -> list[ClipCost]:
 
 
 def test_choose_asks_for_a_margin_of_standard_errors():
-    """Four clips, cloud-only right on all. `steady` is 0.5 points down on every clip (gap mean
-    -0.5, standard error 0); `lucky` is right on three and 2 points down on one (mean -0.5, sample
-    sd 1, standard error 0.5), and cheaper. Within 1 point, the plain rule (z = 0) takes the cheaper
-    `lucky`; with one standard error of margin its bound is -1.0 - still in; with z = 2, -1.5: out,
-    so `steady`. `quality_gap` by hand: gaps 0, 0, 0, -2 points."""
+    """Four clips, cloud-only right on all. `steady` is 0.5 points down on every clip; `lucky` is
+    right on three and 2 points down on one (both mean -0.5), and cheaper. `quality_gap` by hand
+    (sample error): lucky sd 1, se 0.5; steady se 0. Within 1 point, the plain rule (z = 0) takes
+    the cheaper `lucky`. The bound (calibration_objective.gap_bound) without pseudo-clips (unit 0),
+    by hand over n + 2 = 6: both adjusted means -2/6; lucky var 4/6 - 1/9, se 0.304; steady var 1/6 -
+    1/9, se 0.096. Two candidates, no order: z = 1.41 at margin 1 (lucky's bound -0.76: in),
+    2.28 at margin 2 (-1.03: out, so `steady`). With the default pseudo-clips (one attribute, 16.7
+    points) four clips show nothing within 1 point: the best quality, then the cheaper, flagged."""
     reference = _clips([1.0] * 4, 300)
     steady = _clips([0.995] * 4, 250)
     lucky = _clips([1.0, 1.0, 1.0, 0.98], 200)
@@ -357,8 +360,9 @@ def test_choose_asks_for_a_margin_of_standard_errors():
     assert quality_gap(steady, reference) == (pytest.approx(-0.5), pytest.approx(0.0, abs=1e-9))
     candidates = [("steady", steady), ("lucky", lucky)]
     assert choose(candidates, reference, 1.0, z=0.0)[::2] == ("lucky", True)
-    assert choose(candidates, reference, 1.0, z=1.0)[::2] == ("lucky", True)
-    assert choose(candidates, reference, 1.0, z=2.0)[::2] == ("steady", True)
+    assert choose(candidates, reference, 1.0, z=1.0, unit=0.0)[::2] == ("lucky", True)
+    assert choose(candidates, reference, 1.0, z=2.0, unit=0.0)[::2] == ("steady", True)
+    assert choose(candidates, reference, 1.0, z=1.0)[::2] == ("lucky", False)
     assert choose(candidates, reference, 0.1, z=0.0)[::2] == ("lucky", False)  # none within: best quality
     with pytest.raises(ValueError):
         quality_gap(steady[:3], reference)

@@ -73,8 +73,9 @@ def calibrate(
         "two thresholds and write a frugal preset with the [gate] table when one is within --frugal-points. "
         "--no-gate: the entropy presets only (fewer decodes).")] = True,
     margin: Annotated[float, typer.Option(
-        min=0, help="frugal keeps this many standard errors of the calibration half's accuracy gap inside "
-        "--frugal-points (0: the plain rule; more: a setting must beat the budget by more to be chosen).")] = 1.0,
+        min=0, help="Standard errors of the per-clip gap to cloud-only each preset keeps inside its points "
+        "(1: 84% sure, 1.645: 95%), more for more settings tried, on both halves. 0: the plain rule "
+        "(no margin).")] = 1.0,
     report: Annotated[Path | None, typer.Option(
         help="Also write every setting's scores on both halves and the choices here as JSON (what docs "
              "tables are drawn from).", show_default=False)] = None,
@@ -149,7 +150,7 @@ def calibrate(
         stdout.print("k K · U/V: the meaning gate, gate_upload U, gate_verify V", markup=False)
     stdout.print(f"quality measure: {found.measure}", markup=False)
     for c in found.choices:
-        note = "" if c.met else f" (nothing reached within {c.points:g} points: best quality chosen)"
+        note = "" if c.met else f" (none shown within {c.points:g} points: every block verified)"
         stdout.print(f"{c.name}: k {c.run.cfg.k}, threshold {calibration.toml_float(c.run.cfg.threshold)}{note}",
                      markup=False)
     if found.gate is not None:
@@ -160,7 +161,9 @@ def calibrate(
                          f"of the calibration half, {100 * g.check.zero_cloud_share:.0f}% of the check half "
                          f"(gate: {g.swaps} swaps, {len(g.gate.weights)} weights)", markup=False, soft_wrap=True)
         else:
-            stdout.print(f"{g.name}: no meaning-gate setting within {g.points:g} points; not written", markup=False)
+            stdout.print(f"{g.name}: no meaning-gate setting shown within {g.points:g} points; not written",
+                         markup=False)
+    stdout.print(margin_line(found), markup=False)
     stdout.print(f"presets: {out} · use with --presets {out}", markup=False, soft_wrap=True)
     err.print(f"calibrate: chose on {found.n_calib} clips, checked on {found.n_check}"
               + (f"; {len(skipped)} skipped (named above)" if skipped else ""), markup=False, soft_wrap=True)
@@ -168,6 +171,17 @@ def calibrate(
         err.print(f"warning: {line}", markup=False, style="bold yellow", soft_wrap=True)
     if skipped:  # the same end as every multi-clip command: exit 1, after the output for the others
         raise some_failed(len(skipped), found.n_calib + found.n_check + len(skipped))
+
+
+def margin_line(found: calibration.Calibration) -> str:
+    """How sure the presets had to be (calibration_objective.select): the z on the calibration half
+    (raised for the settings tried) and on the check half."""
+    sel = found.choices[0].selection
+    if sel is None or sel.margin <= 0:
+        return "--margin 0: the plain rule (the calibration half's mean, no margin)"
+    gate = found.gate.selection if found.gate is not None else None
+    frugal = "" if gate is None else f" (frugal {gate.z:.2f})"
+    return f"z {sel.z:.2f}{frugal} on the calibration half, {sel.margin:g} on the check (--margin {sel.margin:g})"
 
 
 def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], choices: Sequence[Choice],
