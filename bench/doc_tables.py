@@ -491,6 +491,34 @@ def server_windows(run: dict[str, Any]) -> list[str]:
     return rows
 
 
+def fairness_opens(lazy_before: dict[str, Any], lazy_after: dict[str, Any], eager_before: dict[str, Any],
+                   eager_after: dict[str, Any]) -> list[str]:
+    """docs/security.md, issue 42: bench/server_fairness.py lazy, B's answers alone and while A floods
+    opens (lazy, and eager as the control), before and after."""
+    def answers(run: dict[str, Any], key: str) -> int:
+        return run[key].get("200", 0)
+
+    def loaded(run: dict[str, Any]) -> str:
+        return f"{answers(run, 'b_loaded')} ({100 * run['b_loaded_over_unloaded']:.1f} %)"
+
+    def opened(run: dict[str, Any]) -> str:
+        a = run["a_statuses"]
+        return f"{a.get('200', 0)} answered, {sum(v for k, v in a.items() if k != '200')} refused"
+
+    def load(run: dict[str, Any]) -> str:
+        return f"{run['loadavg_start'][0]:.2f}–{run['loadavg_end'][0]:.2f}"
+    rows = ["| run | before | after |", "|-----|--------|-------|"]
+    for name, before, after in (("lazy", lazy_before, lazy_after), ("eager (control)", eager_before, eager_after)):
+        window, conns, secs = after["window"], after["count"], after["seconds"]
+        rows += [f"| {name}: B's answers in {window:g} s alone | {answers(before, 'b_unloaded')} | "
+                 f"{answers(after, 'b_unloaded')} |",
+                 f"| … while A opens {secs:g} s clips from {conns} connections (target ≥ 33.3 %) | "
+                 f"**{loaded(before)}** | **{loaded(after)}** |",
+                 f"| … A's opens in that time | {opened(before)} | {opened(after)} |",
+                 f"| … machine (load) | {load(before)} | {load(after)} |"]
+    return rows
+
+
 LOOP_ROWS = {
     "spec_edge_only_threshold_inf": "`threshold=inf` (edge only through the loop)",
     "spec_verify_always_twin": "`verify=always`, cloud drafting for itself (every draft accepted)",
@@ -817,6 +845,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "server_batching": server_batching,
     "server_batching_wider": server_batching_wider,
     "server_windows": server_windows,
+    "fairness_opens": fairness_opens,
     "loop_overhead": loop_overhead,
     "ray_batch": ray_batch,
     "ray_batch_cli": ray_batch_cli,

@@ -1,6 +1,6 @@
 """Does one token's abandoned or flooding work cost another token? (issue 33)
 
-    python bench/server_fairness.py abandon|flood|slow [--json] [--server-path DIR] [options] [-- SERVE FLAGS…]
+    python bench/server_fairness.py abandon|flood|slow|lazy [--json] [--server-path DIR] [options] [-- SERVE FLAGS…]
 
 A real server process (`specdec --threads 1 serve --port 0`, the bundled demo cloud, two tokens A
 and B, plus any flags after `--`). `--server-path DIR` runs the server from another checkout's
@@ -22,6 +22,14 @@ status (a bounded server answers some 503).
 slow: under a descriptor limit of `--nofile`, A opens `--count` connections that send a verify's
 head with a large Content-Length and then drip one body byte every 0.5 s; one second in, B tries
 `--tries` first verifications (short clip), one after the other. Reported: B's statuses.
+
+lazy (issue 42): B opens sessions on a `--small-seconds` clip and verifies in them, one request
+after the other (a new session when one ends); its answers are counted over `--window` s alone.
+Then A sends opens of `--seconds` clips from `--count` connections, each connection one open after
+the other: lazy ones by default (`POST /v1/verify` carrying the clip: the default client's
+`--upload lazy`), eager ones (`POST /v1/sessions`) with `--a-open eager`. After `--ramp` s, B's
+answers are counted over `--window` s again. Target: B keeps at least a third of its unloaded
+count (`b_loaded_over_unloaded` >= 0.33). A's answers are counted by status.
 
 Each run prints the load averages (the machine is shared: judge figures with them).
 """
@@ -262,11 +270,67 @@ def run_slow(args: argparse.Namespace, server: Server, clips: Clips, out: dict) 
         sock.close()
 
 
+def run_lazy(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    b = Verifier(server, clips.clip(args.small_seconds))
+    cfg = settings()
+    n_bodies = min(args.count, 24)  # distinct clips; the server keeps nothing across sessions
+    if args.a_open == "eager":
+        path, bodies = "/v1/sessions", [wire.encode(wire.OpenRequest(clips.clip(args.seconds, i + 1), cfg))
+                                        for i in range(n_bodies)]
+    else:
+        path, bodies = "/v1/verify", [wire.encode(wire.VerifyRequest([5, 6, 7, 8], clip=clips.clip(args.seconds, i + 1),
+                                                                     config=cfg)) for i in range(n_bodies)]
+
+    def count_b(seconds: float) -> dict[str, int]:
+        got: dict[str, int] = {}
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            _, status = b.once()
+            key = "200" if status in (0, 200) else str(status)
+            got[key] = got.get(key, 0) + 1
+        return got
+    count_b(1.0)  # warm-up
+    out["b_unloaded"] = count_b(args.window)
+    statuses: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def flood(i: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=args.limit) as client:
+            while not stop.is_set():
+                retry = 1.0
+                try:
+                    r = client.post(path, content=bodies[i % n_bodies], headers=auth(0))
+                    key, retry = str(r.status_code), float(r.headers.get("retry-after", retry))
+                except (httpx.HTTPError, ValueError) as exc:
+                    key = type(exc).__name__
+                with lock:
+                    statuses[key] = statuses.get(key, 0) + 1
+                if key != "200":
+                    time.sleep(min(retry, 5.0))  # a refused open: retry when the server says, as a client would
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(args.count)]
+    for t in threads:
+        t.start()
+    time.sleep(args.ramp)
+    with lock:
+        statuses.clear()
+    out["b_loaded"] = count_b(args.window)
+    with lock:
+        out["a_statuses"] = dict(statuses)
+    stop.set()
+    for t in threads:
+        t.join()
+    unloaded, loaded = out["b_unloaded"].get("200", 0), out["b_loaded"].get("200", 0)
+    out["b_loaded_over_unloaded"] = round(loaded / unloaded, 3) if unloaded else None
+    out["metrics"] = counters(b.client)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["abandon", "flood", "slow"])
+    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy"])
     parser.add_argument("--server-path", help="run the server from this checkout (PYTHONPATH)")
-    parser.add_argument("--count", type=int, help="A's requests (abandon: 120, flood: 100, slow: 185)")
+    parser.add_argument("--count", type=int, help="A's requests (abandon: 120, flood: 100, slow: 185; "
+                        "lazy: A's connections, 24)")
     parser.add_argument("--seconds", type=float, default=30.0, help="A's clips")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="A's abandoned generates")
     parser.add_argument("--abandon-after", type=float, default=0.3)
@@ -279,13 +343,16 @@ def main() -> None:
     parser.add_argument("--nofile", type=int, default=256, help="slow: the server's descriptor limit")
     parser.add_argument("--hold", type=float, default=20.0, help="slow: how long the bodies drip")
     parser.add_argument("--tries", type=int, default=15, help="slow: B's verifications")
+    parser.add_argument("--window", type=float, default=20.0, help="lazy: seconds B's answers are counted, each way")
+    parser.add_argument("--ramp", type=float, default=3.0, help="lazy: seconds of A's load before B is counted")
+    parser.add_argument("--a-open", choices=["lazy", "eager"], default="lazy", help="lazy: how A opens its sessions")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     args.serve_flags = argv[cut + 1:]  # extra `specdec serve` flags
     if args.count is None:
-        args.count = {"abandon": 120, "flood": 100, "slow": 185}[args.run]
+        args.count = {"abandon": 120, "flood": 100, "slow": 185, "lazy": 24}[args.run]
 
     clips = Clips()
     folder = Path(tempfile.mkdtemp())
@@ -296,7 +363,8 @@ def main() -> None:
     with Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
                 nofile=args.nofile if args.run == "slow" else None) as server:
         out["start_line"] = server.lines[-1].strip()
-        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow}[args.run](args, server, clips, out)
+        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy}[args.run](
+            args, server, clips, out)
         server.stop()
     out["log_lines"] = (folder / "serve.log").read_text(errors="replace").count("\n")
     out["loadavg_end"] = loadavg()

@@ -28,6 +28,7 @@ each row has its own generator seeded as a batch-1 run, drawn in the same order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -214,7 +215,8 @@ def _verify_all(cloud: BatchState, rows: dict[Hashable, _Clip], proposals: dict[
 
 
 def score_drafts(cloud: BatchState, drafts: Mapping[Hashable, tuple[Mapping[str, torch.Tensor], list[int], list[int]]],
-                 batch_prefill: bool = False) -> dict[Hashable, tuple[torch.Tensor, int, int]]:
+                 batch_prefill: bool = False, costs: dict[Hashable, float] | None = None
+                 ) -> dict[Hashable, tuple[torch.Tensor, int, int]]:
     """verifier.score_draft for many rows in one cloud forward. `drafts`: key -> (thinker inputs,
     sequence = prompt + accepted answer, draft). Per key: the raw target rows [k+1, V] (row j
     scoring draft[j], row k the bonus position; wrap them in a TargetScores to judge), the tokens
@@ -222,7 +224,11 @@ def score_drafts(cloud: BatchState, drafts: Mapping[Hashable, tuple[Mapping[str,
     row's tokens accepted without the cloud go in the same forward as its draft; a key the cloud
     does not hold joins with prompt + answer + draft (its lazy prefill, see `_join`). A server
     batching its sessions' verifications calls this with one entry per session; the cache still
-    holds each whole draft afterwards, so each verdict is followed by `cloud.rollback(key, ...)`."""
+    holds each whole draft afterwards, so each verdict is followed by `cloud.rollback(key, ...)`.
+
+    `costs`: filled with the seconds of forward each key's row took: its own prefill's (a joining
+    row), plus its share of the shared forward by the tokens it fed there (a server charges each
+    row's time to the tenant whose row it is)."""
     scored: dict[Hashable, torch.Tensor] = {}
     before = {key: (cloud[key].tokens_fed, cloud[key].prefill_tokens) if key in cloud else (0, 0) for key in drafts}
     feed, keep, head, joining = {}, {}, {}, {}
@@ -236,11 +242,32 @@ def score_drafts(cloud: BatchState, drafts: Mapping[Hashable, tuple[Mapping[str,
         else:        # the kept logits predict draft[0]
             assert cloud[key].last_logits is not None, "cloud has no logits for the first draft position"
             feed[key], keep[key], head[key] = list(draft), len(draft), cloud[key].last_logits[None]
-    scored.update(_join(cloud, joining, batch_prefill))
-    for key, got in cloud.advance(feed, keep).items():
+    spent = dict.fromkeys(drafts, 0.0)
+    if batch_prefill or len(joining) <= 1:
+        started = time.perf_counter()
+        scored.update(_join(cloud, joining, batch_prefill))
+        _share(spent, time.perf_counter() - started, {key: len(join[1]) for key, join in joining.items()})
+    else:  # each joining row in a forward of its own (as _join does), each timed
+        for key, join in joining.items():
+            started = time.perf_counter()
+            scored[key] = cloud.join(key, *join)
+            spent[key] += time.perf_counter() - started
+    started = time.perf_counter()
+    advanced = cloud.advance(feed, keep)
+    _share(spent, time.perf_counter() - started, {key: len(tokens) for key, tokens in feed.items()})
+    for key, got in advanced.items():
         scored[key] = torch.cat([head[key], got]) if key in head else got
+    if costs is not None:
+        costs.update(spent)
     return {key: (scored[key], cloud[key].tokens_fed - before[key][0], cloud[key].prefill_tokens - before[key][1])
             for key in drafts}
+
+
+def _share(spent: dict[Hashable, float], seconds: float, weights: Mapping[Hashable, int]) -> None:
+    """A shared forward's seconds, split between its rows by their tokens in it."""
+    total = sum(weights.values())
+    for key, weight in weights.items():
+        spent[key] += seconds * weight / total if total else seconds / len(weights)
 
 
 def generate_batch(

@@ -64,6 +64,15 @@ class RoundRobin(Generic[T]):
         queue = self._queues.get(owner)
         return 0 if queue is None else len(queue)
 
+    def owners(self) -> list[Hashable]:
+        """The owners with items waiting, in turn order."""
+        return list(self._queues)
+
+    def peek(self, owner: Hashable) -> T | None:
+        """The item `pop` would take from `owner` (None: it has none)."""
+        queue = self._queues.get(owner)
+        return queue[0] if queue else None
+
     def push(self, owner: Hashable, item: T) -> None:
         self._queues.setdefault(owner, collections.deque()).append(item)
 
@@ -119,37 +128,54 @@ class Turns:
     flood of long prefills from one owner costs a light owner at most one of them per round in
     which the light one has used as much model time as the flood.
 
+    What an owner is charged (issue 42): its own turns' time, and what `charge()` adds. A batcher's
+    turn serves several tokens at once: it is taken under one of them (`charged=False`) and the
+    batcher then charges each token the time of its own rows (a lazy prefill is its session's
+    token's), so every second of the model is charged to the token it worked for (VTC's per-tenant
+    counters), and the batchers can order their own queues by the same counters (`active`, `lift`).
+
     `max_waiting`: an owner's waiters beyond it get a 503 at once (`capped=False`: the batchers'
     own steps, which serve every token). `on_cancel()`: told when a waiter left before its turn."""
 
     def __init__(self, slots: int = 1, max_waiting: int | None = None,
-                 on_cancel: Callable[[], None] | None = None, hold_s: float = 0.0) -> None:
+                 on_cancel: Callable[[], None] | None = None, hold_s: float = 0.0, credit_s: float = 0.0) -> None:
         self.slots, self.max_waiting, self.on_cancel, self.hold_s = slots, max_waiting, on_cancel, hold_s
+        self.credit_s = credit_s
         self._holders = 0
         self._queues: dict[Hashable, collections.deque[asyncio.Future]] = {}
         self.served: dict[Hashable, float] = {}  # model seconds each owner has held (lifted, see above)
         self._kept: tuple[Hashable, asyncio.TimerHandle] | None = None  # a free slot kept for an owner
         self._holding: collections.Counter[Hashable] = collections.Counter()
+        self._level = 0.0  # the counter of the owner charged last: where the model's time stands
 
     def waiting(self, owner: Hashable) -> int:
         queue = self._queues.get(owner)
         return 0 if queue is None else len(queue)
 
+    def active(self) -> set[Hashable]:
+        """The owners waiting for a turn, holding one, or for whom a free slot is kept."""
+        return set(self._queues) | set(self._holding) | ({self._kept[0]} if self._kept else set())
+
+    def charge(self, owner: Hashable, seconds: float) -> None:
+        """`seconds` of model time worked for `owner` in a turn taken with `charged=False`."""
+        self.served[owner] = self._level = self.served.get(owner, 0.0) + seconds
+
     @contextlib.asynccontextmanager
-    async def turn(self, owner: Hashable, capped: bool = True) -> AsyncIterator[None]:
+    async def turn(self, owner: Hashable, capped: bool = True, charged: bool = True) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         kept_for = self._kept[0] if self._kept is not None else None
         if kept_for is not None and kept_for == owner:
             self._unkeep()  # the slot kept for this owner: it takes it
         elif self._holders < self.slots and not self._queues and self._kept is None:
-            self._lift(owner)
+            if charged:
+                self.lift(owner)
             self._holders += 1
         else:
             if capped and self.max_waiting is not None and self.waiting(owner) >= self.max_waiting:
                 raise busy(f"this token has {self.max_waiting} requests waiting for the model already; "
                            "retry when one is answered")
-            if owner not in self._queues:
-                self._lift(owner)
+            if owner not in self._queues and charged:  # (a batch's token was lifted by its batcher)
+                self.lift(owner)
             granted = loop.create_future()
             self._queues.setdefault(owner, collections.deque()).append(granted)
             try:
@@ -170,19 +196,22 @@ class Turns:
             self._holding[owner] -= 1
             if not self._holding[owner]:
                 del self._holding[owner]
-            self.served[owner] = self.served.get(owner, 0.0) + loop.time() - started
+            if charged:
+                self.charge(owner, loop.time() - started)
             self._next(owner)
 
-    def _lift(self, owner: Hashable) -> None:
+    def lift(self, owner: Hashable, also: set[Hashable] | frozenset[Hashable] = frozenset()) -> None:
         """An owner starting to wait: level with the least served of the active owners (waiting,
-        holding, or kept for), never ahead: a pause earns no credit."""
-        active = set(self._queues) | set(self._holding) | ({self._kept[0]} if self._kept else set())
+        holding, or kept for; and `also`, those a batcher has queued, running or served a moment
+        ago), never more than `credit_s` behind them: a pause earns no lasting credit, and an owner
+        that comes back every round trip keeps the lead it has (up to credit_s) instead of being
+        levelled up to a flood's each time."""
+        active = self.active() | set(also)
         active.discard(owner)
-        floor = min((self.served.get(o, 0.0) for o in active), default=None)
-        if floor is not None:
-            self.served[owner] = max(self.served.get(owner, 0.0), floor)
-        else:
-            self.served.setdefault(owner, 0.0)
+        # Nobody else active: level with the owner served last (a newcomer after the others paused
+        # is not owed all the time they had, as WFQ's virtual time stands still while it idles).
+        floor = min((self.served.get(o, 0.0) for o in active), default=self._level)
+        self.served[owner] = max(self.served.get(owner, 0.0), floor - self.credit_s)
 
     def _remove(self, owner: Hashable, granted: asyncio.Future) -> None:
         queue = self._queues.get(owner)

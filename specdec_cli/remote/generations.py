@@ -11,7 +11,8 @@ compares them through a real server).
 
 One consumer task on the event loop runs the steps, each in a worker thread in a turn of the
 server's model (`in_worker`, fairness.Turns), so verifications, opens and generations take turns
-forward by forward. It exists while there are rows or requests waiting, up to `max_rows` rows at a
+forward by forward. Each step's model time is charged to the tokens whose rows it ran (issue 42):
+a joining row's prompt forward to its own token, the shared forward evenly per row. It exists while there are rows or requests waiting, up to `max_rows` rows at a
 time.
 
 Fair share between tokens (issue 33). Waiting requests join in turn, one per token
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,13 +54,16 @@ class _Request:
 class GenerateBatcher:
     """`submit(inputs, cfg)` -> the clip's DecodeResult, continuously batched with the others.
 
-    `rows()`: a fresh `GenerateRows` for the hosted model; `in_worker(fn)`: run fn in a worker
-    thread under the model lock; `alone(inputs, cfg)`: the one-at-a-time answer (HF generate);
+    `rows()`: a fresh `GenerateRows` for the hosted model; `in_worker(fn, owners, costs)`: run fn
+    in a worker thread in a turn of the model for the tokens `owners`, then charge each token the
+    seconds `costs()` lists for it; `alone(inputs, cfg)`: the one-at-a-time answer (HF generate);
     `on_failure(exc, n)`: told when a step of n rows failed (the server logs it once);
     `on_step(n)`: told the rows of each step (a metric); `max_waiting`: requests one token may
     have queued; `on_cancel(where)`: told of each request dropped because its client went."""
 
-    def __init__(self, rows: Callable[[], Any], in_worker: Callable[[Callable[[], Any]], Awaitable[Any]],
+    def __init__(self, rows: Callable[[], Any],
+                 in_worker: Callable[[Callable[[], Any], list[Hashable], Callable[[], list[tuple[Hashable, float]]]],
+                                     Awaitable[Any]],
                  alone: Callable[[Mapping[str, Any], Any], Any], max_rows: int,
                  on_failure: Callable[[BaseException, int], None] | None = None,
                  on_step: Callable[[int], None] | None = None, max_waiting: int | None = None,
@@ -117,19 +122,33 @@ class GenerateBatcher:
             if not active and not joining:  # (with no row running, every token is under its share)
                 continue
 
-            def step(rows: Any = rows, gone: list[int] = gone, joining: dict[int, _Request] = joining) -> list:
+            costs: dict[int, float] = {}  # row -> seconds of this step's model time spent on it
+
+            def step(rows: Any = rows, gone: list[int] = gone, joining: dict[int, _Request] = joining,
+                     costs: dict[int, float] = costs) -> list:
                 for key in gone:
                     if key in rows:
                         rows.leave(key)
                 for key, req in joining.items():
+                    started = time.perf_counter()
                     rows.join(key, req.inputs, req.cfg)
-                rows.advance()
-                return rows.pick()
+                    costs[key] = time.perf_counter() - started
+                started, stepped = time.perf_counter(), list(rows.rows)
+                try:
+                    rows.advance()
+                    return rows.pick()
+                finally:
+                    for key in stepped:
+                        costs[key] = costs.get(key, 0.0) + (time.perf_counter() - started) / len(stepped)
             active.update(joining)
             if self.on_step is not None:
                 self.on_step(len(active))
+            owners = {key: req.owner for key, req in active.items()}
             try:
-                finished = await self.in_worker(step)
+                finished = await self.in_worker(step, list(owners.values()),
+                                                lambda owners=owners, costs=costs: [(owners[key], seconds)
+                                                                                    for key, seconds in costs.items()
+                                                                                    if key in owners])
             except Exception as exc:  # noqa: BLE001 - each request of the step is run again alone below
                 if self.on_failure is not None:
                     self.on_failure(exc, len(active))
@@ -150,8 +169,16 @@ class GenerateBatcher:
     async def _alone(self, req: _Request) -> None:
         if req.future.done():
             return
+        spent = [0.0]
+
+        def alone() -> Any:
+            started = time.perf_counter()
+            try:
+                return self.alone(req.inputs, req.cfg)
+            finally:
+                spent[0] = time.perf_counter() - started
         try:
-            result = await self.in_worker(lambda: self.alone(req.inputs, req.cfg))
+            result = await self.in_worker(alone, [req.owner], lambda: [(req.owner, spent[0])])
         except Exception as exc:  # noqa: BLE001 - this request fails alone too: its error is its answer
             if not req.future.done():
                 req.future.set_exception(exc)

@@ -24,7 +24,9 @@ and /metrics answer while a forward runs.
 
 Fair share and abandoned work (issue 33, fairness.py says how): the next turn of the model, and of
 decoding clips (`--prep-slots` at a time), goes to the waiting token that has had the least of it,
-and the batchers fill their batches one request per token in turn; a token has at most --max-requests-per-token
+and the batchers fill their batches one request per token in turn; a batch's model time is charged
+to the tokens of its rows, a lazy prefill's to its session's token, and the verification batcher
+orders its queue by those counters too (issue 42, batching.py says how); a token has at most --max-requests-per-token
 requests in flight (checked from the head, before its body is read) and --max-waiting-per-token of
 them waiting for a turn or a batch (503 with Retry-After beyond either); a request whose client
 disconnects once its body is read is cancelled (it leaves its queue or its batch at the next step,
@@ -41,6 +43,7 @@ generations are batched continuously (at most --max-generate-batch rows; generat
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import functools
@@ -55,7 +58,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +98,8 @@ SESSION_PREFIX = access_log.PREFIX  # characters of a session id shown in /metri
 PREFILL_LABELS = 4096     # sessions whose prefill count /metrics keeps
 MAX_WAITING_PER_TOKEN = 8  # requests of one token waiting for a turn of the model or a batch
 PREP_SLOTS = 2            # clips decoded (samples -> features) at once
-FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next request (fairness.Turns)
-# The batchers' own steps serve every token: they take their turns of the model as owners of their
-# own, never capped (their requests were counted against their tokens when they queued).
-VERIFY_BATCHES, GENERATE_STEPS = "verify-batches", "generate-steps"
+FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next request (fairness.Turns, batching)
+FAIR_CREDIT_S = 0.5       # model time a token may stay behind the least served active one (fairness.Turns.lift)
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -313,7 +314,8 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     # One forward at a time (the model and its rope_deltas are shared), the turns shared fairly.
     def cancelled_queued() -> None:
         metrics.cancelled.labels("queued").inc()
-    model_turns = fairness.Turns(1, options.max_waiting_per_token, cancelled_queued, options.fair_hold_ms / 1000)
+    model_turns = fairness.Turns(1, options.max_waiting_per_token, cancelled_queued, options.fair_hold_ms / 1000,
+                                 FAIR_CREDIT_S)
     prep_turns = fairness.Turns(options.prep_slots, options.max_waiting_per_token, cancelled_queued)
     in_flight = fairness.InFlight(options.requests_per_token)
     tokens = [t.encode() for t in options.tokens]
@@ -423,6 +425,20 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         async with model_turns.turn(owner, capped):
             return await to_thread.run_sync(fn)
 
+    async def in_shared_worker(fn: Callable[[], Any], owners: Iterable[int],
+                               costs: Callable[[], Iterable[tuple[int, float]]]) -> Any:
+        """fn() for several tokens at once (a batcher's step), in a turn of the least served of
+        `owners`; then each token is charged the model time `costs()` says fn spent on its rows
+        (issue 42: a batch's time is its tokens', never the batcher's). Never capped: its requests
+        were counted against their tokens when they queued."""
+        lead = min(owners, key=lambda owner: model_turns.served.get(owner, 0.0))
+        async with model_turns.turn(lead, capped=False, charged=False):
+            try:
+                return await to_thread.run_sync(fn)
+            finally:
+                for owner, seconds in costs():
+                    model_turns.charge(owner, seconds)
+
     async def prepared(clip: wire.Clip, owner: Any) -> dict[str, Any]:
         """The clip's thinker inputs (decoding + features: CPU work), in `owner`'s turn of the
         --prep-slots: one token's flood of long clips does not crowd out another's."""
@@ -433,14 +449,17 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         crashed(f"a batched forward of {n} verifications failed (a specdec bug); each was verified alone", exc)
 
     async def verify_batch(jobs: list[batching.Job]) -> list[Any]:
-        """One answer or exception per job: batched, and alone when the batch fails (batching.py)."""
+        """One answer or exception per job: batched, and alone when the batch fails (batching.py);
+        each job's model time charged to its session's token."""
         metrics.batch_size.observe(len(jobs))
-        return await in_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed), VERIFY_BATCHES,
-                               capped=False)
+        return await in_shared_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed),
+                                      [job.owner for job in jobs], lambda: [(job.owner, job.cost) for job in jobs])
 
-    arriving = [0]  # verify requests in their handler (being read, checked, opened, or verified)
+    # verify requests in their handler (being read, checked, opened, or verified), per token
+    arriving: collections.Counter[int] = collections.Counter()
     batcher = (batching.Batcher(verify_batch, options.batch_window_ms / 1000, options.max_batch,
-                                lambda: sessions.idle() + arriving[0], cancelled_queued)
+                                lambda due: sessions.idle(due) + sum(n for o, n in arriving.items() if due(o)),
+                                cancelled_queued, ledger=model_turns, hold_s=options.fair_hold_ms / 1000)
                if options.batch_window_ms > 0 and options.max_batch > 1 else None)
 
     def generate_alone(inputs: Any, cfg: Any) -> Any:
@@ -459,7 +478,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         metrics.cancelled.labels(where).inc()
         memory.soon()  # its row's cache is gone
 
-    generator = (generations.GenerateBatcher(generate_rows, lambda fn: in_worker(fn, GENERATE_STEPS, capped=False),
+    generator = (generations.GenerateBatcher(generate_rows, in_shared_worker,
                                              generate_alone, options.max_generate_batch, generate_failed,
                                              metrics.generate_rows.observe, options.max_waiting_per_token,
                                              generate_cancelled)
@@ -553,8 +572,14 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         started = time.perf_counter()
         owner = owner_of(request)
         with in_flight(owner):
-            req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest)
-            return await until_gone(request, "verify", verify_read(request, owner, req, started))
+            arriving[owner] += 1  # (the batcher's window waits only while one of these could join)
+            try:
+                req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest)
+                return await until_gone(request, "verify", verify_read(request, owner, req, started))
+            finally:
+                arriving[owner] -= 1
+                if not arriving[owner]:
+                    del arriving[owner]
 
     async def verify_read(request: Request, owner: int, req: wire.VerifyRequest, started: float) -> Response:
         k = len(req.draft)
@@ -691,17 +716,6 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         metrics.requests.labels("500").inc()
         crashed("a request was answered 500 (a specdec bug)", exc)
 
-    def arrives(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        """Counts the verify requests in progress: the batcher's window waits only while one of
-        them, or an idle session, could still join its batch."""
-        async def wrapped(request: Request) -> Response:
-            arriving[0] += 1
-            try:
-                return await handler(request)
-            finally:
-                arriving[0] -= 1
-        return wrapped
-
     def counted(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
             response = await handler(request)
@@ -713,7 +727,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         Route("/health", counted(health), methods=["GET"]),
         Route("/metrics", counted(metrics_endpoint), methods=["GET"]),
         Route("/openapi.json", counted(openapi_endpoint), methods=["GET"]),
-        Route("/v1/verify", counted(arrives(verify)), methods=["POST"]),
+        Route("/v1/verify", counted(verify), methods=["POST"]),
         Route("/v1/generate", counted(generate), methods=["POST"]),
         Route("/v1/sessions", counted(open_session), methods=["POST"]),
         Route("/v1/sessions/{sid}", counted(close), methods=["DELETE"]),

@@ -68,9 +68,10 @@ class Sessions:
         self._open.move_to_end(sid)
         return session
 
-    def idle(self) -> int:
-        """Open sessions not verifying now (those that could send a verification)."""
-        return sum(1 for s in self._open.values() if not s.busy)
+    def idle(self, of: Any = None) -> int:
+        """Open sessions not verifying now (those that could send a verification); `of(token)`:
+        only those of the tokens it accepts."""
+        return sum(1 for s in self._open.values() if not s.busy and (of is None or of(s.owner)))
 
     def holder(self, sid: str) -> int | None:
         """The token that holds session `sid`, or None (for the server's own checks, never an answer)."""
