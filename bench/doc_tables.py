@@ -81,6 +81,104 @@ def demo_models(report: dict[str, Any]) -> list[str]:
     ]
 
 
+HELD_OUT_SETS = {"val": "training voices, held-out sentences", "val_voices": "held-out voices",
+                 "val_synth": "held-out synthesizer (flite)"}
+ATTRS = ("gender", "rate", "pitch", "volume", "pauses", "emotion")
+GENDER_NAMES = {"男声": "male", "女声": "female"}
+
+
+def demo_heldout(report: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: each held-out set of corpus v4, clean and noisy, per attribute, for the
+    cloud and the edge (evaluate_pair's report.json, its `sets`)."""
+    rows = ["| model | held-out set | clips | noise | " + " | ".join(ATTRS) + " | **mean** |",
+            "|---|---|---:|---|" + "---:|" * (len(ATTRS) + 1)]
+    for name in ("cloud", "edge"):
+        sets = report["models"][name]["sets"]
+        for key, label in HELD_OUT_SETS.items():
+            if key not in sets:
+                continue
+            for kind in ("clean", "noisy"):
+                acc = sets[key][kind]["all"]
+                rows.append(f"| {name} | {label} | {acc['clips']} | {'20–30 dB' if kind == 'noisy' else 'clean'} | "
+                            + " | ".join(pct(acc[a]) for a in ATTRS) + f" | **{pct(acc['mean'])}** |")
+    return rows
+
+
+def demo_voice_groups(report: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: mean attribute accuracy per voice group (synthesizer, gender) of each
+    held-out set, clean / noisy, cloud and edge (report.json's `sets`)."""
+    rows = ["| held-out set | voice group | clips | cloud, clean / noisy | edge, clean / noisy | cloud's weakest attribute |",
+            "|---|---|---:|---:|---:|---|"]
+    cloud, edge = report["models"]["cloud"]["sets"], report["models"]["edge"]["sets"]
+    for key, label in HELD_OUT_SETS.items():
+        if key not in cloud:
+            continue
+        for g in sorted(k for k in cloud[key]["clean"] if k.startswith("group:")):
+            c, cz = cloud[key]["clean"][g], cloud[key]["noisy"][g]
+            e, ez = edge[key]["clean"][g], edge[key]["noisy"][g]
+            synth, gender = g[len("group:"):].rsplit(" ", 1)
+            weakest = min(ATTRS, key=lambda a: c[a])
+            rows.append(f"| {label} | {synth}, {GENDER_NAMES.get(gender, gender)} | {c['clips']} | "
+                        f"{pct(c['mean'])} / {pct(cz['mean'])} % | {pct(e['mean'])} / {pct(ez['mean'])} % | "
+                        f"{weakest} {pct(c[weakest])} % |")
+    return rows
+
+
+def demo_before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: the v3 pair (before) and the v4 pair (after), each evaluated by
+    evaluate_pair on the same held-out clips of corpus v4 (labels measured from the audio)."""
+    rows = ["| held-out set (clean) | v3 cloud | v4 cloud | v3 edge | v4 edge | v4 cloud's goal |", "|---|---:|---:|---:|---:|---|"]
+    goals = {"val": 0.97, "val_voices": 0.93, "val_synth": 0.90}
+    for key, label in HELD_OUT_SETS.items():
+        b, a = before["models"], after["models"]
+        if key not in a["cloud"]["sets"] or key not in b["cloud"]["sets"]:
+            continue
+        cells = [pct(m[x]["sets"][key]["clean"]["all"]["mean"]) + " %" for m, x in
+                 ((b, "cloud"), (a, "cloud"), (b, "edge"), (a, "edge"))]
+        mean = a["cloud"]["sets"][key]["clean"]["all"]
+        worst = min(mean[x] for x in ATTRS)
+        met = mean["mean"] >= goals[key] and worst >= 0.88
+        rows.append(f"| {label} | " + " | ".join(cells) + f" | ≥ {round(100 * goals[key])} %, every attribute ≥ 88 %: "
+                    + ("**met**" if met else f"**not met** (weakest {pct(worst)} %)") + " |")
+    return rows
+
+
+def human_speech(*docs: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: bench/human_speech.py on real recordings, one row per (pair, mode):
+    per attribute, correct / scored (an ambiguous measure is not scored)."""
+    rows = ["| pair | mode | " + " | ".join(ATTRS) + " | mean |", "|---|---|" + "---:|" * (len(ATTRS) + 1)]
+    for doc in docs:
+        for mode, s in doc["summary"].items():
+            cells = []
+            for a in ATTRS:
+                x = s["attributes"].get(a)
+                cells.append(f"{pct(x['accuracy'])} % ({x['scored']})" if x and x["scored"] else "–")
+            rows.append(f"| {doc['label']} | {mode} | " + " | ".join(cells) + f" | {pct(s['mean_accuracy'])} % |")
+    return rows
+
+
+def demo_cut_points(cuts: dict[str, Any], dist: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: the bands of cut_points.json, and where each voice group's clips lie
+    (median, 10th-90th percentile; bench/measure_distributions.py's JSON)."""
+    names = {"pitch": "semitones", "rate": "rate", "volume": "level_dbfs", "pauses": "pause_share"}
+
+    def bounds(lo: float | None, hi: float | None) -> str:
+        if lo is None:
+            return f"≤ {hi:g}"
+        if hi is None:
+            return f"≥ {lo:g}"
+        return f"{lo:g} … {hi:g}"
+
+    rows = ["| attribute | measure | bands | human recordings: median (10–90 %) |", "|---|---|---|---|"]
+    humans = {g: d for g, d in dist["groups"].items() if g.startswith("human")}
+    for attr, spec in cuts["bands"].items():
+        bands = "; ".join(f"{phrase} {bounds(lo, hi)}" for phrase, (lo, hi) in spec["bands"].items())
+        hs = "; ".join(f"{g.split(', ')[-1]} {d[names[attr]]['median']:.2f} ({d[names[attr]]['p10']:.2f}–"
+                       f"{d[names[attr]]['p90']:.2f})" for g, d in sorted(humans.items()) if names[attr] in d)
+        rows.append(f"| {attr} | {spec['measure']} | {bands} | {hs or '–'} |")
+    return rows
+
+
 GATE_SIGNAL_LABELS = {
     "confidence": "`confidence`: Σ log max p over the answer",
     "value_confidence": "`value_confidence`: Σ log max p over the attribute-value tokens only",
@@ -827,6 +925,11 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_goals": demo_goals,
     "demo_goals_settings": demo_goals_settings,
     "demo_models": demo_models,
+    "demo_heldout": demo_heldout,
+    "demo_voice_groups": demo_voice_groups,
+    "demo_before_after": demo_before_after,
+    "human_speech": human_speech,
+    "demo_cut_points": demo_cut_points,
     "entropy_curve": entropy_curve,
     "calibration_sweep": calibration_sweep,
     "calibration_entropy": calibration_entropy,
