@@ -10,8 +10,10 @@ demo-train/README.md) and praat-parselmouth.
 Each clip: a voice (voices.json: 50 voices of espeak-ng, festival and flite, by split), a sentence in
 its language (texts.py), and target bands drawn uniformly per attribute. The targets are reached
 independently of the voice: the synthesizer's own speed and pitch knobs, then sox's `tempo` (tempo
-without pitch) and `pitch` (pitch without tempo), clauses rendered apart and joined by inserted
-silences (pauses), a gain (level), silence padding and, for half of the training clips, white or
+without pitch) and Praat's PSOLA (`Change gender` with the formants kept: pitch without tempo and
+without timbre; sox's `pitch` moves the formants with the pitch, so a man shifted up six semitones
+sounds like a woman and his declared gender would be a wrong label), clauses rendered apart and
+joined by inserted silences (pauses), a gain (level), silence padding and, for half of the training clips, white or
 pink noise at 15-35 dB SNR. The finished clean clip is then **measured** (measure.py) and its
 labels are what the measures say; a clip with any measure inside a gap between bands is drawn
 again (its random stream is a pure function of (seed, split, index, attempt)), so every kept clip is
@@ -71,8 +73,8 @@ BUCKET_NAMES = ("4-8", "9-20", "21-40")  # the report's length buckets (characte
 # from cut_points.json, with a margin inside each so that few draws land in a gap).
 OUTER = {"pitch": (-7.5, 7.5), "rate": (1.5, 7.5), "volume": (-44.0, -10.0), "pauses": (0.0, 0.45)}
 MARGIN = {"pitch": 0.5, "rate": 0.15, "volume": 1.5, "pauses": 0.02}
-SOX_PITCH_MAX_ST = 4.0  # pitch without tempo moves formants too; kept small, the knobs do the rest
-FESTIVAL_SOX_PITCH_MAX_ST = 6.5  # festival's voices have no pitch knob here: sox does it all
+PSOLA_PITCH_MAX_ST = 4.0  # PSOLA's share where the synthesizer has a pitch knob (larger shifts sound worse)
+FESTIVAL_PSOLA_PITCH_MAX_ST = 6.5  # festival's voices have no pitch knob here: PSOLA does it all
 PEAK_MAX = 0.98
 
 
@@ -87,7 +89,7 @@ class Plan:
     targets: dict[str, str]  # the bands aimed at (the labels are measured afterwards)
     controls: dict  # synthesizer knobs: speed, pitch_st
     sox_tempo: float
-    sox_pitch_st: float
+    psola_pitch_st: float
     gain_target_db: float
     pause_s: list[float]  # silences inserted between the parts (empty: one utterance)
     pad_lead_s: float
@@ -125,13 +127,13 @@ def plan_clip(rng: random.Random, targets: dict[str, str], split: str, pool: dic
     bucket = rng.randrange(3)
     parts = sentence(rng, lang, train_c if split == "train" else held_c, bucket)
     # pitch: the shift from the voice's own pitch, by the synthesizer's knob where it has one
-    # (festival's voices have none here), and partly by sox
+    # (festival's voices have none here), and partly by PSOLA
     shift = _target_value(rng, "pitch", targets["pitch"]) - _semitones_of(voice)
     if voice.synth == "festival":
-        sox_pitch, native = max(-FESTIVAL_SOX_PITCH_MAX_ST, min(FESTIVAL_SOX_PITCH_MAX_ST, shift)), 0.0
+        psola, native = max(-FESTIVAL_PSOLA_PITCH_MAX_ST, min(FESTIVAL_PSOLA_PITCH_MAX_ST, shift)), 0.0
     else:
-        sox_pitch = max(-SOX_PITCH_MAX_ST, min(SOX_PITCH_MAX_ST, shift * rng.uniform(0.0, 0.4)))
-        native = shift - sox_pitch
+        psola = max(-PSOLA_PITCH_MAX_ST, min(PSOLA_PITCH_MAX_ST, shift * rng.uniform(0.0, 0.4)))
+        native = shift - psola
     # rate: the factor from the voice's own rate, split between the knob and sox's tempo
     factor = max(0.35, min(2.2, _target_value(rng, "rate", targets["rate"]) / voice.rate))
     tempo = math.exp(math.log(factor) * rng.uniform(0.0, 0.6))
@@ -156,7 +158,7 @@ def plan_clip(rng: random.Random, targets: dict[str, str], split: str, pool: dic
                  "seed": rng.randrange(2**31)}
     return Plan(voice=voice.name, lang=lang, parts=parts, bucket=bucket, targets=targets,
                 controls={"speed": round(speed, 4), "pitch_st": round(native, 3)}, sox_tempo=round(tempo, 4),
-                sox_pitch_st=round(sox_pitch, 3), gain_target_db=round(_target_value(rng, "volume", targets["volume"]), 2),
+                psola_pitch_st=round(psola, 3), gain_target_db=round(_target_value(rng, "volume", targets["volume"]), 2),
                 pause_s=pause_s, pad_lead_s=lead, pad_trail_s=round(pad - lead, 3),
                 template=rng.randrange(len(TEMPLATES)), noise=noise)
 
@@ -169,20 +171,36 @@ def utterances(plan: Plan) -> list[str]:
     return [join([p], plan.lang) if k == len(plan.parts) - 1 else p for k, p in enumerate(plan.parts)]
 
 
-def sox(x: np.ndarray, tempo: float, pitch_st: float) -> np.ndarray:
-    """sox's `tempo -s` (WSOLA tuned for speech: tempo without pitch) and `pitch` (pitch without
-    tempo), on raw float32 through a pipe."""
-    effects = []
-    if abs(tempo - 1.0) > 1e-3:
-        effects += ["tempo", "-s", f"{tempo:.4f}"]
-    if abs(pitch_st) > 1e-3:
-        effects += ["pitch", f"{100 * pitch_st:.1f}"]
-    if not effects:
+def sox_tempo(x: np.ndarray, tempo: float) -> np.ndarray:
+    """sox's `tempo -s` (WSOLA tuned for speech: tempo without pitch, formants kept), on raw float32
+    through a pipe."""
+    if abs(tempo - 1.0) <= 1e-3:
         return x
     fmt = ["-t", "f32", "-r", str(SAMPLE_RATE), "-c", "1"]
-    out = subprocess.run(["sox", *fmt, "-", *fmt, "-", *effects], input=x.astype(np.float32).tobytes(),
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(["sox", *fmt, "-", *fmt, "-", "tempo", "-s", f"{tempo:.4f}"],
+                         input=x.astype(np.float32).tobytes(), capture_output=True, check=True).stdout
     return np.frombuffer(out, dtype=np.float32).copy()
+
+
+def psola_pitch(x: np.ndarray, semitones: float) -> np.ndarray:
+    """Pitch moved by `semitones` without tempo and without timbre: Praat's `Change gender` (PSOLA)
+    with a formant shift ratio of 1, to the clip's median F0 (the measure's own pitch settings)
+    times 2^(semitones/12)."""
+    if abs(semitones) <= 1e-3:
+        return x
+    import parselmouth
+    from parselmouth.praat import call
+
+    from .measure import PITCH_CEILING_HZ, PITCH_FLOOR_HZ
+
+    snd = parselmouth.Sound(x.astype(np.float64), sampling_frequency=SAMPLE_RATE)
+    f0 = snd.to_pitch_ac(time_step=0.01, pitch_floor=PITCH_FLOOR_HZ, pitch_ceiling=PITCH_CEILING_HZ)
+    hz = f0.selected_array["frequency"]
+    if not np.any(hz > 0):
+        return x
+    target = float(np.median(hz[hz > 0])) * 2 ** (semitones / 12)
+    out = call(snd, "Change gender", PITCH_FLOOR_HZ, PITCH_CEILING_HZ, 1.0, target, 1.0, 1.0)
+    return out.values[0].astype(np.float32)
 
 
 def assemble(plan: Plan, rendered: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -192,7 +210,7 @@ def assemble(plan: Plan, rendered: list[np.ndarray]) -> tuple[np.ndarray, np.nda
         pieces.append(r)
         if k < len(plan.pause_s) and plan.pause_s[k] > 0:
             pieces.append(np.zeros(round(plan.pause_s[k] * SAMPLE_RATE), np.float32))
-    speech = sox(np.concatenate(pieces), plan.sox_tempo, plan.sox_pitch_st)
+    speech = psola_pitch(sox_tempo(np.concatenate(pieces), plan.sox_tempo), plan.psola_pitch_st)
     lead, trail = (round(s * SAMPLE_RATE) for s in (plan.pad_lead_s, plan.pad_trail_s))
     return np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(trail, np.float32)]), speech
 
@@ -262,7 +280,7 @@ class Clip:
                 "synth": p.voice.split(":")[0], "lang": p.lang, "sentence": join(p.parts, p.lang), "units": n,
                 "bucket": BUCKET_NAMES[p.bucket], "labels": self.labels, "template": p.template,
                 "target": describe(self.labels, p.template), "aimed": p.targets, "measures": asdict(self.measures),
-                "controls": p.controls, "sox_tempo": p.sox_tempo, "sox_pitch_st": p.sox_pitch_st,
+                "controls": p.controls, "sox_tempo": p.sox_tempo, "psola_pitch_st": p.psola_pitch_st,
                 "gain_db": round(self.gain_db, 2), "pause_s": p.pause_s, "pad_lead_s": p.pad_lead_s,
                 "pad_trail_s": p.pad_trail_s, "noise": p.noise, "seconds": round(len(self.audio) / SAMPLE_RATE, 3)}
 
