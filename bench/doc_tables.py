@@ -157,6 +157,21 @@ def human_speech(*docs: dict[str, Any]) -> list[str]:
     return rows
 
 
+def demo_voices(voices: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: the voices of voices.json by synthesizer, split and gender."""
+    splits = {"train": "training", "heldout_voice": "held-out voices", "heldout_synth": "held-out synthesizer"}
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for v in voices["voices"]:
+        groups.setdefault((v["synth"], v["split"], v["gender"]), []).append(v["ident"])
+    rows = ["| synthesizer | split | gender | voices | F0 at default settings (Hz) |", "|---|---|---|---:|---|"]
+    for (synth, split, gender), names in sorted(groups.items(), key=lambda kv: (kv[0][0], list(splits).index(kv[0][1]), kv[0][2])):
+        f0 = sorted(v["f0_hz"] for v in voices["voices"]
+                    if (v["synth"], v["split"], v["gender"]) == (synth, split, gender))
+        rows.append(f"| {synth} | {splits[split]} | {GENDER_NAMES.get(gender, gender)} | {len(names)}: "
+                    f"{', '.join(f'`{n}`' for n in sorted(names, key=str.lower))} | {f0[0]:.0f}–{f0[-1]:.0f} |")
+    return rows
+
+
 def demo_cut_points(cuts: dict[str, Any], dist: dict[str, Any]) -> list[str]:
     """docs/demo-pair.md: the bands of cut_points.json, and where each voice group's clips lie
     (median, 10th-90th percentile; bench/measure_distributions.py's JSON)."""
@@ -930,6 +945,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_before_after": demo_before_after,
     "human_speech": human_speech,
     "demo_cut_points": demo_cut_points,
+    "demo_voices": demo_voices,
     "entropy_curve": entropy_curve,
     "calibration_sweep": calibration_sweep,
     "calibration_entropy": calibration_entropy,
