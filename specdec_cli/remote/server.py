@@ -267,15 +267,19 @@ class ServeOptions:
         return self.max_requests_per_token if self.max_requests_per_token > 0 else self.per_token
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a --host value: a name, an address, `[::1]`) is this machine's loopback."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def check_bind(host: str, tokens: list[str]) -> None:
     """Anything but loopback needs a token: a cloud model open to a network serves whoever finds it."""
     if tokens:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         raise InputError(f"refusing to listen on {host} without a token: give --token-file FILE (or set "
                          "SPECDEC_TOKEN), or listen on 127.0.0.1")
 

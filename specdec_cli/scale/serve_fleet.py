@@ -21,12 +21,19 @@ What is Ray Serve's and what is ours:
 
 What Ray Serve's proxy does not do that one `specdec serve` does: the per-connection limits of
 remote/limits.py (--max-connections, --header-timeout, the connection guard) are uvicorn's inside
-one process; in a fleet the proxy's own timeouts apply (`keep_alive_timeout_s`), and a TLS proxy or
-load balancer in front is the place for connection limits (docs/serve.md, "Deployment").
+one process; Ray Serve's proxy has no head deadline, idle eviction or connection cap (issue 42: 3,000
+idle sockets held it 70 s, ~20,000 exhausted its descriptors, no token needed). So a fleet listens on
+loopback only, unless `--behind-proxy` declares that a proxy with those limits stands in front
+(nginx, HAProxy, Envoy: docs/serve.md, "Deployment"), and it refuses a non-loopback --host without it.
+
+The Ray a fleet starts for itself (`--ray auto` with none running) listens on loopback only and keeps
+its auth token private (ray_batch.private_local_ray); Ray's import-time settings are made before
+Ray is first imported (ray_batch.ray_environment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -40,7 +47,7 @@ import msgspec
 
 from ..errors import InputError, SpecdecError, one_line
 from ..remote import access_log, server, wire
-from .ray_batch import OBJECT_STORE_BYTES, check_reachable
+from .ray_batch import LOOPBACK_ENV, OBJECT_STORE_BYTES, check_reachable, private_local_ray, ray_environment
 
 INSTALL_HINT = "--replicas and --ray need Ray Serve, which is not installed: pip install 'specdec[serve]'"
 APP = "specdec"                       # the Ray Serve application's name
@@ -60,6 +67,7 @@ class FleetOptions:
     autoscale: tuple[int, int, float] | None = None   # (min, max, target requests per replica)
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
+    behind_proxy: bool = False             # --behind-proxy: a proxy with connection limits stands in front
 
 
 def parse_autoscale(text: str) -> tuple[int, int, float]:
@@ -77,8 +85,18 @@ def parse_autoscale(text: str) -> tuple[int, int, float]:
     return low, high, target
 
 
+def check_front(host: str, behind_proxy: bool) -> None:
+    """A fleet on anything but loopback needs a declared proxy in front (the module says why)."""
+    if behind_proxy or server.is_loopback(host):
+        return
+    raise InputError(f"refusing to serve a fleet on {host}: Ray Serve's proxy has no connection limits (idle "
+                     "sockets can lock it); listen on 127.0.0.1 behind nginx or HAProxy, or declare such a "
+                     "proxy with --behind-proxy (docs/serve.md)")
+
+
 def require_serve() -> Any:
     """The `ray.serve` module, or the one-line install hint (exit 2) without the extra."""
+    ray_environment()  # before Ray is first imported
     try:
         from ray import serve
     except ImportError as exc:
@@ -234,6 +252,20 @@ class Reporter:
         self._stop.set()
 
 
+def _replica_grpc_on_loopback() -> None:
+    """In a Ray private_local_ray started: the replica's inter-deployment gRPC server, which Ray
+    Serve 2.60 binds to `[::]:0` whatever the node's address (replica.py `_on_initialized`, called
+    after this constructor), binds to loopback like the rest of that Ray. By hand: Ray offers no
+    setting for it; the name is looked up when the server starts, so wrapping it here is enough."""
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+
+    def on_loopback(grpc_server: Any, address: str) -> int:
+        return bind(grpc_server, "127.0.0.1:" + address.rsplit(":", 1)[1] if address.startswith("[::]:") else address)
+    replica.add_port_to_grpc_server = on_loopback
+
+
 def _replica_class(serve: Any) -> Any:
     @serve.ingress()
     class Replica:
@@ -245,6 +277,8 @@ def _replica_class(serve: Any) -> Any:
             import torch
 
             torch.set_num_threads(threads)
+            if os.environ.get(LOOPBACK_ENV) == "1":
+                _replica_grpc_on_loopback()
             access_log.configure(log_level)
             self.hosted = server.load_hosted(cloud, device, dtype)
             self.options = options
@@ -296,23 +330,28 @@ def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
     server.check_bind(host, options.tokens)
+    check_front(host, fleet.behind_proxy)
     if port == 0:  # Ray Serve's proxy needs a number: one the system has free now
         with server.listen(host, 0) as probe:
             port = probe.getsockname()[1]
     else:
         server.listen(host, port).close()  # in use: one line now, not Ray's traceback later
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # each access line as it came, not "[repeated 18x]"
     debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
     quiet = {"logging_level": logging.DEBUG if debug else logging.ERROR,
              "log_to_driver": debug or log_level in ("info", "debug")}  # the replicas' access lines
     started_ray = not ray.is_initialized()
     address = fleet.address if fleet.address != "auto" else running_cluster()
+    private = contextlib.ExitStack()
     if started_ray:
         if address == "auto":
             cpus = max(os.cpu_count() or 1, int(fleet.replicas * fleet.replica_cpus + 0.999))
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                     object_store_memory=OBJECT_STORE_BYTES, **quiet)
+            private.enter_context(private_local_ray())
+            try:
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                         object_store_memory=OBJECT_STORE_BYTES, **quiet)
+            except BaseException:
+                private.close()
+                raise
         else:
             check_reachable(address)
             try:
@@ -372,6 +411,7 @@ def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options
         finally:
             if started_ray:
                 ray.shutdown()
+            private.close()  # the token file goes with the Ray it was for
 
 
 def _identity(options: server.ServeOptions) -> str:
