@@ -156,6 +156,14 @@ def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record,
 # the whole file), where audioread pipes a whole ffmpeg subprocess per clip. Formats libsndfile reads
 # stay on libsndfile (its decoders are what the tests and the docs' figures were made with).
 
+# The demuxers PyAV may use, as ffmpeg's own `format_whitelist` (issue 42): containers of one audio
+# recording. Never one that reads other files or URLs it names (concat/ffconcat, HLS, DASH, image2,
+# tee, playlists): a 43-byte text file `ffconcat version 1.0 / file alice.wav` under any suffix was
+# otherwise decoded as the file it names, and described as that file.
+AV_DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,asf,ogg,aac,mp3,wav,flac,aiff,caf,amr,au,w64"
+_AV_OPTIONS = {"format_whitelist": AV_DEMUXERS, "protocol_whitelist": "file"}
+
+
 @dataclasses.dataclass(frozen=True)
 class AvInfo:
     """What PyAV's container says about a clip's first audio stream, shaped as soundfile's info."""
@@ -179,7 +187,7 @@ def _av_info(path: Path, data: bytes | None) -> AvInfo | None:
     except ImportError:
         return None
     try:
-        with av.open(_av_source(path, data), "r") as container:
+        with av.open(_av_source(path, data), "r", options=_AV_OPTIONS) as container:
             if not container.streams.audio:
                 return None
             stream = container.streams.audio[0]
@@ -200,7 +208,7 @@ class _AvStream:
     def __init__(self, path: Path, data: bytes | None, channels: int) -> None:
         import av
 
-        self._container = av.open(_av_source(path, data), "r")
+        self._container = av.open(_av_source(path, data), "r", options=_AV_OPTIONS)
         self._frames = self._container.decode(self._container.streams.audio[0])
         self._to_float = av.AudioResampler(format="flt")
         self._channels = channels

@@ -145,3 +145,33 @@ def test_the_cli_describes_a_streamed_flac_and_refuses_a_streamed_bomb(tmp_path)
     assert refused.returncode == 2
     assert refused.stderr == (f"error: {bomb} is over 30 s long; the model takes at most 30 s per clip: add "
                               "--segment to cut it at pauses into segments of at most 30 s\n")
+
+
+@pytest.mark.parametrize("name", ["mallory.m4a", "mallory.wav", "mallory.flac", "sub/mallory.m4a"])
+def test_a_file_that_names_another_file_is_not_decoded_as_that_file(tmp_path, name):
+    """Issue 42: a 43-byte text file `ffconcat version 1.0 / file alice_private.wav` was decoded
+    through PyAV's concat demuxer as Alice's clip (under .m4a, .wav and .flac names, in subfolders).
+    PyAV now opens only the demuxers of one recording (ffmpeg's format_whitelist): refused in one
+    line, from the path and from the bytes. The control: Alice's own file and a real m4a decode."""
+    mallory = tmp_path / name
+    alice = write_clip(mallory.parent / "alice_private.wav", 2.0)
+    mallory.write_text("ffconcat version 1.0\nfile alice_private.wav\n")
+    assert load_audio(alice, SR, MAX_S).shape == (2 * SR,)  # the control
+    for data in (None, mallory.read_bytes()):
+        with pytest.raises(InputError) as refused:
+            load_audio(mallory, SR, MAX_S, data=data)
+        assert "cannot decode" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_m4a_still_decodes_through_pyav(tmp_path):
+    """The allowlist's control: a real AAC-in-MP4 clip (what phones record) decodes, by path and bytes."""
+    av = pytest.importorskip("av")
+    clip = tmp_path / "real.m4a"
+    with av.open(str(clip), "w", format="mp4") as out:
+        stream = out.add_stream("aac", rate=SR)
+        frame = av.AudioFrame.from_ndarray(tone(1.0)[None].astype(np.float32), format="flt", layout="mono")
+        frame.sample_rate = SR
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    for data in (None, clip.read_bytes()):
+        assert abs(load_audio(clip, SR, MAX_S, data=data).shape[0] - SR) < SR // 4
