@@ -252,6 +252,36 @@ def test_fleet_metrics_label_every_replicas_samples_and_health_sums_them():
                                      {"replica": "bbb", "pid": 12, "node": "n1", "sessions": 1}]
 
 
+def test_a_fleet_with_tokens_shows_each_token_its_own_sessions_and_no_pids():
+    """Issue 42 on a fleet: its /health listed every tenant's sessions with each replica's pid and
+    node, its /metrics every tenant's session series. With tokens (`owner` given) each token gets
+    its own sessions, per replica, no pid or node, and only its own per-session series; without
+    tokens (one tenant, loopback) everything, as before (the control)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdec_cli.scale.serve_fleet import Report, fleet_health, fleet_metrics
+
+    r = CollectorRegistry()
+    c = Counter("specdec_session_prefills", "Prefills", ["session"], registry=r)
+    c.labels("aaaaaaaa").inc()
+    c.labels("bbbbbbbb").inc()
+    now = time.time()
+    reports = [Report("r1", 11, "n1", 3, generate_latest(r).decode(), now, {0: 1, 1: 2},
+                      {"aaaaaaaa": 0, "bbbbbbbb": 1})]
+
+    def sessions_in(text: bytes) -> set[str]:
+        return {s.labels["session"] for f in text_string_to_metric_families(text.decode()) for s in f.samples
+                if s.name == "specdec_session_prefills_total"}
+    assert sessions_in(fleet_metrics(reports, 0)) == {"aaaaaaaa"}
+    assert sessions_in(fleet_metrics(reports, 1)) == {"bbbbbbbb"}
+    assert sessions_in(fleet_metrics(reports)) == {"aaaaaaaa", "bbbbbbbb"}
+    own = {"status": "ok", "sessions": 0, "replicas": 1, "per_replica": []}
+    assert fleet_health(own, reports, 1)["per_replica"] == [{"replica": "r1", "pid": 0, "node": "", "sessions": 2}]
+    assert fleet_health(own, reports, 0)["sessions"] == 1
+    assert fleet_health(own, reports)["per_replica"] == [{"replica": "r1", "pid": 11, "node": "n1", "sessions": 3}]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--replicas", "2", "--autoscale", "1:3"], "give --replicas N or --autoscale MIN:MAX, not both"),
     (["--autoscale", "3:1"], "--autoscale 3:1: need 1 <= MIN <= MAX and a TARGET above 0"),

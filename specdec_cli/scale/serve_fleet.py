@@ -116,6 +116,8 @@ class Report(msgspec.Struct):
     sessions: int
     metrics: str      # its /metrics text (Prometheus)
     at: float         # time.time() of the report
+    sessions_of: dict[int, int] = {}     # token -> its sessions here
+    label_owners: dict[str, int] = {}    # per-session series label -> the token whose session it is
 
 
 def _board_class() -> Any:
@@ -148,16 +150,19 @@ def live(reports: list[Report], now: float | None = None) -> list[Report]:
     return sorted((r for r in reports if now - r.at <= STALE_S), key=lambda r: r.replica)
 
 
-def fleet_metrics(reports: list[Report]) -> bytes:
+def fleet_metrics(reports: list[Report], owner: int | None = None) -> bytes:
     """Every replica's metrics as one Prometheus text, each sample labelled with its replica.
-    (prometheus_client's own parser and writer; families merged by name so each appears once.)"""
+    (prometheus_client's own parser and writer; families merged by name so each appears once.)
+    `owner`: only that token's per-session series (server.tenant_view, per replica)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.metrics_core import Metric
     from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, Metric] = {}
     for report in reports:
-        for family in text_string_to_metric_families(report.metrics):
+        text = report.metrics if owner is None else server.tenant_view(
+            report.metrics.encode(), report.label_owners, owner).decode()
+        for family in text_string_to_metric_families(text):
             merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             for s in family.samples:
                 merged.add_sample(s.name, {**s.labels, "replica": report.replica}, s.value, s.timestamp, s.exemplar)
@@ -170,10 +175,15 @@ def fleet_metrics(reports: list[Report]) -> bytes:
     return generate_latest(registry)
 
 
-def fleet_health(own: dict[str, Any], reports: list[Report]) -> dict[str, Any]:
-    """The replica's own /health with the fleet's count, sessions and per-replica sessions."""
-    per = [wire.ReplicaHealth(r.replica, r.pid, r.node, r.sessions) for r in reports]
-    return {**own, "sessions": sum(r.sessions for r in reports), "replicas": len(per),
+def fleet_health(own: dict[str, Any], reports: list[Report], owner: int | None = None) -> dict[str, Any]:
+    """The replica's own /health with the fleet's count, sessions and per-replica sessions.
+    `owner` (a fleet with tokens): that token's sessions only, and no replica's pid or node
+    (least disclosure between tenants, issue 42; 0 and "" in their place)."""
+    def count(r: Report) -> int:
+        return r.sessions if owner is None else r.sessions_of.get(owner, 0)
+    per = [wire.ReplicaHealth(r.replica, r.pid if owner is None else 0, r.node if owner is None else "", count(r))
+           for r in reports]
+    return {**own, "sessions": sum(count(r) for r in reports), "replicas": len(per),
             "per_replica": msgspec.to_builtins(per)}
 
 
@@ -208,11 +218,15 @@ class FleetApp:
         content = b"".join(body)
         headers = list(start.get("headers", []))
         if start.get("status") == 200:
+            from starlette.requests import Request
+
+            state = self.app.state
+            owner = state.owner_of(Request(scope)) if state.tenants else None  # (its token was accepted)
             reports = await self.reporter.fleet()
             if scope["path"] == "/health":
-                content = msgspec.json.encode(fleet_health(msgspec.json.decode(content), reports))
+                content = msgspec.json.encode(fleet_health(msgspec.json.decode(content), reports, owner))
             else:
-                content = fleet_metrics(reports)
+                content = fleet_metrics(reports, owner)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(content)).encode()))
         await send({**start, "headers": headers})
@@ -233,7 +247,8 @@ class Reporter:
 
         state = self.app.state
         mine = Report(self.replica, os.getpid(), self.node, len(state.sessions),
-                      generate_latest(state.metrics.registry).decode(), time.time())
+                      generate_latest(state.metrics.registry).decode(), time.time(),
+                      state.sessions.per_token(), state.metrics.label_owners())
         return self.board.report.remote(self.replica, msgspec.msgpack.encode(mine))
 
     def _loop(self) -> None:
