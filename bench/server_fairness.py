@@ -1,6 +1,6 @@
 """Does one token's abandoned or flooding work cost another token? (issue 33)
 
-    python bench/server_fairness.py abandon|flood|slow|lazy [--json] [--server-path DIR] [options] [-- SERVE FLAGS…]
+    python bench/server_fairness.py abandon|flood|slow|lazy|race [--json] [--server-path DIR] [options] [-- SERVE FLAGS…]
 
 A real server process (`specdec --threads 1 serve --port 0`, the bundled demo cloud, two tokens A
 and B, plus any flags after `--`). `--server-path DIR` runs the server from another checkout's
@@ -30,6 +30,12 @@ the other: lazy ones by default (`POST /v1/verify` carrying the clip: the defaul
 `--upload lazy`), eager ones (`POST /v1/sessions`) with `--a-open eager`. After `--ramp` s, B's
 answers are counted over `--window` s again. Target: B keeps at least a third of its unloaded
 count (`b_loaded_over_unloaded` >= 0.33). A's answers are counted by status.
+
+race (issue 42, finding 3): in `--trials` trials, tokens A and B open the same fresh session id at
+the same moment (both lazy opens of a `--seconds` clip, or eager ones with `--a-open eager`, whose
+prefill keeps the old server's window between check and add open; released together by a barrier). Counted:
+the trials in which both got 200 (the later open replaced the other's session; target 0), and each
+answer's status.
 
 Each run prints the load averages (the machine is shared: judge figures with them).
 """
@@ -325,9 +331,42 @@ def run_lazy(args: argparse.Namespace, server: Server, clips: Clips, out: dict) 
     out["metrics"] = counters(b.client)
 
 
+def run_race(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    import secrets
+
+    clip = clips.clip(args.seconds)
+    both, statuses = 0, {}
+    for _ in range(args.trials):
+        sid = secrets.token_urlsafe(16)
+        if args.a_open == "eager":
+            path, body = "/v1/sessions", wire.encode(wire.OpenRequest(clip, settings(), session=sid))
+        else:
+            path, body = "/v1/verify", wire.encode(wire.VerifyRequest([5, 6, 7, 8], session=sid, clip=clip,
+                                                                      config=settings()))
+        gate, got = threading.Barrier(2), {}
+
+        def open_as(token: int, body: bytes = body, path: str = path, gate: threading.Barrier = gate,
+                    got: dict = got) -> None:
+            gate.wait()
+            got[token] = httpx.post(f"{server.url}{path}", content=body, headers=auth(token),
+                                    timeout=args.limit).status_code
+        threads = [threading.Thread(target=open_as, args=(t,)) for t in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        both += list(got.values()).count(200) == 2
+        for status in got.values():
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+        for token in (0, 1):
+            httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=auth(token), timeout=30)
+    out["both_200_trials"] = both
+    out["statuses"] = statuses
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy"])
+    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy", "race"])
     parser.add_argument("--server-path", help="run the server from this checkout (PYTHONPATH)")
     parser.add_argument("--count", type=int, help="A's requests (abandon: 120, flood: 100, slow: 185; "
                         "lazy: A's connections, 24)")
@@ -345,14 +384,15 @@ def main() -> None:
     parser.add_argument("--tries", type=int, default=15, help="slow: B's verifications")
     parser.add_argument("--window", type=float, default=20.0, help="lazy: seconds B's answers are counted, each way")
     parser.add_argument("--ramp", type=float, default=3.0, help="lazy: seconds of A's load before B is counted")
-    parser.add_argument("--a-open", choices=["lazy", "eager"], default="lazy", help="lazy: how A opens its sessions")
+    parser.add_argument("--a-open", choices=["lazy", "eager"], default="lazy", help="lazy: how A opens its sessions (race: both)")
+    parser.add_argument("--trials", type=int, default=12, help="race: trials")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     args.serve_flags = argv[cut + 1:]  # extra `specdec serve` flags
     if args.count is None:
-        args.count = {"abandon": 120, "flood": 100, "slow": 185, "lazy": 24}[args.run]
+        args.count = {"abandon": 120, "flood": 100, "slow": 185, "lazy": 24, "race": 2}[args.run]
 
     clips = Clips()
     folder = Path(tempfile.mkdtemp())
@@ -363,7 +403,7 @@ def main() -> None:
     with Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
                 nofile=args.nofile if args.run == "slow" else None) as server:
         out["start_line"] = server.lines[-1].strip()
-        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy}[args.run](
+        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy, "race": run_race}[args.run](
             args, server, clips, out)
         server.stop()
     out["log_lines"] = (folder / "serve.log").read_text(errors="replace").count("\n")

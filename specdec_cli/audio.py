@@ -37,6 +37,15 @@ MIN_SECONDS = 0.1
 # Below this peak a clip carries no speech to describe. Real quiet speech ("音量较小" in the demo
 # corpus, espeak amplitude 25) peaks some 30 dB above it, so only true silence or dither is refused.
 SILENCE_DBFS = -60.0
+# Above this peak samples are not a recording (full scale is 1.0; a float file written with int16's
+# scale, ±32768, still passes): 1e20 or 3e38, finite, overflowed the features' float32 power spectrum
+# and reached the model as inf/NaN (issue 42). The server refuses such a clip too (wire.decode_audio).
+MAX_PEAK = 1e5
+
+# Fewer samples per second than any recording of speech carries (telephone audio is 8 kHz): a
+# 104-byte WAV at 1 Hz was otherwise resampled into a 30 s clip (21 s of CPU, 358 MB), with only a
+# warning (issue 42). At 1 kHz and above, resampling to 16 kHz costs at most 16 samples per sample read.
+MIN_RATE = 1000
 
 # Decoded samples per second of audio at most (rate x channels: 384 kHz stereo, 96 kHz 7.1): with the
 # length limit, what one clip may cost to decode (30 s: 23M float32 samples, 92 MB) whatever its header.
@@ -156,6 +165,14 @@ def _info(path: Path, data: bytes | None = None):  # -> soundfile's info record,
 # the whole file), where audioread pipes a whole ffmpeg subprocess per clip. Formats libsndfile reads
 # stay on libsndfile (its decoders are what the tests and the docs' figures were made with).
 
+# The demuxers PyAV may use, as ffmpeg's own `format_whitelist` (issue 42): containers of one audio
+# recording. Never one that reads other files or URLs it names (concat/ffconcat, HLS, DASH, image2,
+# tee, playlists): a 43-byte text file `ffconcat version 1.0 / file alice.wav` under any suffix was
+# otherwise decoded as the file it names, and described as that file.
+AV_DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,asf,ogg,aac,mp3,wav,flac,aiff,caf,amr,au,w64"
+_AV_OPTIONS = {"format_whitelist": AV_DEMUXERS, "protocol_whitelist": "file"}
+
+
 @dataclasses.dataclass(frozen=True)
 class AvInfo:
     """What PyAV's container says about a clip's first audio stream, shaped as soundfile's info."""
@@ -179,7 +196,7 @@ def _av_info(path: Path, data: bytes | None) -> AvInfo | None:
     except ImportError:
         return None
     try:
-        with av.open(_av_source(path, data), "r") as container:
+        with av.open(_av_source(path, data), "r", options=_AV_OPTIONS) as container:
             if not container.streams.audio:
                 return None
             stream = container.streams.audio[0]
@@ -200,7 +217,7 @@ class _AvStream:
     def __init__(self, path: Path, data: bytes | None, channels: int) -> None:
         import av
 
-        self._container = av.open(_av_source(path, data), "r")
+        self._container = av.open(_av_source(path, data), "r", options=_AV_OPTIONS)
         self._frames = self._container.decode(self._container.streams.audio[0])
         self._to_float = av.AudioResampler(format="flt")
         self._channels = channels
@@ -239,7 +256,7 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
     them to workers that cannot see its disk) and `path` only names it in messages."""
     path = Path(path)
     info = _opened(path, data)
-    limit = _check_header(info, path, max_seconds)
+    limit = _check_header(info, path, max_seconds, data)
     try:
         samples = _decode(path, data, info, limit)
     except InputError:
@@ -310,6 +327,9 @@ def _check_format(info, path: Path) -> None:
     if rate <= 0 or channels <= 0:
         raise InputError(f"cannot decode {path} as audio (its header gives {rate} Hz, {channels} channels); "
                          f"give a {_formats_hint()} file")
+    if rate < MIN_RATE:
+        raise InputError(f"{path} is at {rate} Hz, fewer samples per second than any speech recording "
+                         f"(at least {MIN_RATE} Hz; telephone audio is 8000): give the recording itself")
     if rate * channels > MAX_SAMPLES_PER_SECOND:
         raise InputError(f"{path} holds {channels} channels at {rate} Hz, over the {MAX_SAMPLES_PER_SECOND:,} "
                          "samples per second specdec decodes; downmix or resample it (the model hears 16 kHz mono)")
@@ -323,7 +343,7 @@ def _stated_seconds(info) -> float | None:
     return info.frames / info.samplerate
 
 
-def _check_header(info, path: Path, max_seconds: float) -> int:
+def _check_header(info, path: Path, max_seconds: float, data: bytes | None = None) -> int:
     """What the header says, checked before anything is decoded; the most frames the clip may hold."""
     _check_format(info, path)
     rate = info.samplerate
@@ -332,7 +352,43 @@ def _check_header(info, path: Path, max_seconds: float) -> int:
     if stated is not None and stated > max_seconds:
         raise InputError(f"{path} is {info.frames / rate:.1f} s long; the model takes at most "
                          f"{max_seconds:g} s per clip: {segment_hint(max_seconds)}")
+    if stated is not None and info.format == "FLAC":
+        _check_flac_body(path, data, info)
     return math.floor(max_seconds * rate)
+
+
+def _flac_audio_bytes(path: Path, data: bytes | None) -> int | None:
+    """Bytes of a FLAC file after its metadata blocks (its audio frames), or None when the
+    metadata cannot be walked. By hand: the FLAC format's block headers (1 byte: last-block flag
+    and type, 3 bytes: length); libsndfile does not say where the audio starts."""
+    import io
+
+    with (io.BytesIO(data) if data is not None else open(path, "rb")) as f:
+        size = f.seek(0, io.SEEK_END)
+        f.seek(0)
+        if f.read(4) != b"fLaC":
+            return None
+        while True:
+            head = f.read(4)
+            if len(head) < 4:
+                return None
+            at = f.seek(int.from_bytes(head[1:], "big"), io.SEEK_CUR)
+            if head[0] & 0x80:  # the last metadata block
+                return max(0, size - at)
+
+
+def _check_flac_body(path: Path, data: bytes | None, info) -> None:
+    """Refuse a FLAC whose audio frames hold far more than its header's sample count could take
+    (issue 42: a header saying 2 s over a 2-hour body loaded as 2 s, with no word): at most 4 bytes
+    a sample (FLAC never exceeds its verbatim encoding) plus a byte a sample of frame headers."""
+    body = _flac_audio_bytes(path, data)
+    if body is None:
+        return
+    most = info.frames * info.channels * 4 + info.frames + 65536
+    if body > most:
+        raise InputError(f"{path}: its header says {info.frames / info.samplerate:.2f} s, but it holds "
+                         f"{body:,} bytes of audio, more than that can take (a damaged or altered file); "
+                         "re-export it")
 
 
 def _decode(path: Path, data: bytes | None, info, limit: int) -> np.ndarray:
@@ -449,6 +505,9 @@ def prepare_mono(mono: np.ndarray, rate: int, sampling_rate: int, path: Path | s
     import numpy as np
 
     peak = float(np.abs(mono).max())
+    if peak > MAX_PEAK:
+        raise InputError(f"{path} holds samples up to {peak:.3g}, over {MAX_PEAK:g} times full scale (1.0): "
+                         "not a recording; re-export the audio")
     if peak < 10 ** (SILENCE_DBFS / 20):
         raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
                          "check the recording")

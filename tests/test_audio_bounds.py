@@ -145,3 +145,85 @@ def test_the_cli_describes_a_streamed_flac_and_refuses_a_streamed_bomb(tmp_path)
     assert refused.returncode == 2
     assert refused.stderr == (f"error: {bomb} is over 30 s long; the model takes at most 30 s per clip: add "
                               "--segment to cut it at pauses into segments of at most 30 s\n")
+
+
+@pytest.mark.parametrize("name", ["mallory.m4a", "mallory.wav", "mallory.flac", "sub/mallory.m4a"])
+def test_a_file_that_names_another_file_is_not_decoded_as_that_file(tmp_path, name):
+    """Issue 42: a 43-byte text file `ffconcat version 1.0 / file alice_private.wav` was decoded
+    through PyAV's concat demuxer as Alice's clip (under .m4a, .wav and .flac names, in subfolders).
+    PyAV now opens only the demuxers of one recording (ffmpeg's format_whitelist): refused in one
+    line, from the path and from the bytes. The control: Alice's own file and a real m4a decode."""
+    mallory = tmp_path / name
+    alice = write_clip(mallory.parent / "alice_private.wav", 2.0)
+    mallory.write_text("ffconcat version 1.0\nfile alice_private.wav\n")
+    assert load_audio(alice, SR, MAX_S).shape == (2 * SR,)  # the control
+    for data in (None, mallory.read_bytes()):
+        with pytest.raises(InputError) as refused:
+            load_audio(mallory, SR, MAX_S, data=data)
+        assert "cannot decode" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_m4a_still_decodes_through_pyav(tmp_path):
+    """The allowlist's control: a real AAC-in-MP4 clip (what phones record) decodes, by path and bytes."""
+    av = pytest.importorskip("av")
+    clip = tmp_path / "real.m4a"
+    with av.open(str(clip), "w", format="mp4") as out:
+        stream = out.add_stream("aac", rate=SR)
+        frame = av.AudioFrame.from_ndarray(tone(1.0)[None].astype(np.float32), format="flt", layout="mono")
+        frame.sample_rate = SR
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    for data in (None, clip.read_bytes()):
+        assert abs(load_audio(clip, SR, MAX_S, data=data).shape[0] - SR) < SR // 4
+
+
+@pytest.mark.spawns
+def test_huge_finite_samples_are_refused_in_one_line(tmp_path):
+    """Issue 42: a float WAV of 1e20 samples (finite, so past the NaN check) overflowed the features:
+    `describe --sample` printed `unexpected IndexError`, without --sample a description of `$$$…`.
+    Refused now, before the model, in one line; int16's scale in a float file (±32768) still passes."""
+    huge = tmp_path / "huge.wav"
+    sf.write(str(huge), np.full(SR, 1e20, np.float32), SR, subtype="FLOAT")
+    with pytest.raises(InputError, match=r"holds samples up to 1e\+20, over 100000 times full scale"):
+        load_audio(huge, SR, MAX_S)
+    loud = tmp_path / "int16_scale.wav"
+    sf.write(str(loud), tone(1.0) * 32768, SR, subtype="FLOAT")
+    assert load_audio(loud, SR, MAX_S).shape == (SR,)  # the control
+    done = run_specdec("--threads", "1", "describe", str(huge), *FAST, "--sample", "--no-live")
+    assert done.returncode != 0 and done.stdout == "", (done.returncode, done.stdout)
+    assert done.stderr.count("\n") == 1 and "times full scale" in done.stderr and "unexpected" not in done.stderr
+
+
+def test_a_wav_at_1_hz_is_refused_from_its_header(tmp_path):
+    """Issue 42: a 104-byte WAV at 1 Hz became a 30 s clip (21 s of CPU, 358 MB to resample), with
+    only a warning. Refused from its header now, before decoding; 8 kHz (telephone) is the control."""
+    tiny = tmp_path / "one_hz.wav"
+    sf.write(str(tiny), tone(30, sr=1), 1)
+    assert tiny.stat().st_size < 200
+    with pytest.raises(InputError, match=r"is at 1 Hz, fewer samples per second than any speech recording"):
+        load_audio(tiny, SR, MAX_S)
+    assert load_audio(write_clip(tmp_path / "phone.wav", 1.0, sr=8000), SR, MAX_S).shape == (SR,)
+
+
+def test_a_flac_whose_body_holds_far_more_than_its_header_says_is_refused(tmp_path):
+    """Issue 42: a FLAC whose header says 2 s over a 2-hour body loaded as 2 s with no word. Here a
+    header saying 1 s over 20 s of noise (the body cannot hold only 1 s): refused from its header
+    and size, by path and by bytes. The control: the same file with its true count, and a FLAC
+    with a large metadata block (a cover picture) over a short body."""
+    rng = np.random.default_rng(0)
+    honest = tmp_path / "honest.flac"
+    sf.write(str(honest), (0.3 * rng.standard_normal(20 * SR)).astype(np.float32), SR, format="FLAC")
+    altered = tmp_path / "altered.flac"
+    altered.write_bytes(flac_with_total(honest.read_bytes(), SR))
+    for data in (None, altered.read_bytes()):
+        with pytest.raises(InputError, match=r"its header says 1\.00 s, but it holds [\d,]+ bytes of audio"):
+            load_audio(altered, SR, MAX_S, data=data)
+    assert load_audio(honest, SR, MAX_S).shape == (20 * SR,)
+    short = tmp_path / "short.flac"
+    sf.write(str(short), tone(1.0), SR, format="FLAC")
+    b = short.read_bytes()
+    picture = bytes([0x06 | (b[4] & 0x80)]) + (300_000).to_bytes(3, "big") + bytes(300_000)  # a PICTURE block
+    pictured = tmp_path / "pictured.flac"
+    pictured.write_bytes(b[:4] + bytes([b[4] & 0x7F]) + b[5:8 + int.from_bytes(b[5:8], "big")] + picture
+                         + b[8 + int.from_bytes(b[5:8], "big"):])
+    assert load_audio(pictured, SR, MAX_S).shape == (SR,)

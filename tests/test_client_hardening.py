@@ -108,6 +108,43 @@ def test_a_verdict_accepting_more_than_the_draft_fails_the_clip():
 
 
 @pytest.mark.spawns
+def test_a_redirect_whose_body_is_a_verdict_is_not_taken_for_one():
+    """Issue 42: a 307 carrying a well-formed verdict was accepted as the verdict (61 round trips,
+    `$$$…`, no fallback mark): the client read any status under 400 as an answer. A redirect is
+    not followed and its body is never a verdict: the clip fails in one line saying so."""
+    def verify(_, req):
+        reply = msgpack_reply(consistent_verdict(req))
+        return Reply(307, reply.body, {**reply.headers, "location": "http://127.0.0.1:9/v1/verify"})
+    with FakeCloud(serving(verify)) as fake:
+        err = one_error_line(describe(fake.url))
+    assert CANNOT_USE in err and "a 307 answer (a redirect" in err, err
+
+
+@pytest.mark.spawns
+def test_a_401_in_the_middle_of_a_run_is_the_cloud_refusing_the_clip():
+    """Issue 42: docs/serve.md counts a 4xx as the cloud refusing (`refused`: the edge finishes the
+    clip); a 401 after start-up (a token revoked, a server restarted with other tokens) was a usage
+    error instead: exit 2, and a batch recorded an error for every clip. Now it is a cloud failure
+    (exit 1 with --on-cloud-failure fail; the edge's description by default, marked refused), while
+    a 401 to the start-up /health stays the usage error it is (the control)."""
+    def verify(_, req):
+        return json_reply({"error": "missing or wrong token: send Authorization: Bearer <token>",
+                           "code": "unauthorized"}, 401, {"www-authenticate": "Bearer"})
+    with FakeCloud(serving(verify)) as fake:
+        err = one_error_line(describe(fake.url))
+        assert "answered 401: missing or wrong token" in err, err
+        done = run_specdec("--threads", "1", "describe", str(SAMPLE), "--cloud", fake.url, *FAST, "--no-live",
+                           "--json", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fallback"] == "refused", done.stdout
+
+    def health(_):
+        return json_reply({"error": "missing or wrong token", "code": "unauthorized"}, 401)
+    with FakeCloud(serving(health=health)) as fake:
+        assert "set SPECDEC_TOKEN" in one_error_line(describe(fake.url), exit_code=2)
+
+
+@pytest.mark.spawns
 def test_a_probability_row_wider_than_the_vocabulary_is_refused_before_it_is_built():
     """Before: a 60-byte answer claiming a 2^27-wide row: rc 0, '!!!!!!!!!!!!', client peak RSS
     3.5 GB, 76 s (here 2^20 wide, so the test stays cheap on the code before: rc 0 as well)."""

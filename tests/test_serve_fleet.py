@@ -15,9 +15,11 @@ is gone. The oracle is the in-process batch (edge and cloud in one process) on h
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +42,7 @@ PRESET = "quality"  # escalates on most clips: many sessions on both replicas
 # clip's session could end between /health's second-old count and the stop: no rebuild to see).
 DECODING = ["--preset", PRESET, "--k", "2", "--threshold", "0"]
 COMPARED = ("description", "tokens", "cloud_calls", "error")
+TOKEN_FILES: list[Path] = []  # the fleet's Ray token file, as found while it ran (gone once it stopped)
 
 
 def descendants(pid: int) -> set[int]:
@@ -86,6 +89,7 @@ def fleet(tmp_path_factory):
         os.kill(pid, signal.SIGKILL)
     assert code == 0, server.logged()[-2000:]
     assert not left, f"processes left running after the fleet stopped: {sorted(left)}"
+    assert not [t for t in TOKEN_FILES if t.exists()], "the fleet's Ray token file was left behind"
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +252,36 @@ def test_fleet_metrics_label_every_replicas_samples_and_health_sums_them():
                                      {"replica": "bbb", "pid": 12, "node": "n1", "sessions": 1}]
 
 
+def test_a_fleet_with_tokens_shows_each_token_its_own_sessions_and_no_pids():
+    """Issue 42 on a fleet: its /health listed every tenant's sessions with each replica's pid and
+    node, its /metrics every tenant's session series. With tokens (`owner` given) each token gets
+    its own sessions, per replica, no pid or node, and only its own per-session series; without
+    tokens (one tenant, loopback) everything, as before (the control)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdec_cli.scale.serve_fleet import Report, fleet_health, fleet_metrics
+
+    r = CollectorRegistry()
+    c = Counter("specdec_session_prefills", "Prefills", ["session"], registry=r)
+    c.labels("aaaaaaaa").inc()
+    c.labels("bbbbbbbb").inc()
+    now = time.time()
+    reports = [Report("r1", 11, "n1", 3, generate_latest(r).decode(), now, {0: 1, 1: 2},
+                      {"aaaaaaaa": 0, "bbbbbbbb": 1})]
+
+    def sessions_in(text: bytes) -> set[str]:
+        return {s.labels["session"] for f in text_string_to_metric_families(text.decode()) for s in f.samples
+                if s.name == "specdec_session_prefills_total"}
+    assert sessions_in(fleet_metrics(reports, 0)) == {"aaaaaaaa"}
+    assert sessions_in(fleet_metrics(reports, 1)) == {"bbbbbbbb"}
+    assert sessions_in(fleet_metrics(reports)) == {"aaaaaaaa", "bbbbbbbb"}
+    own = {"status": "ok", "sessions": 0, "replicas": 1, "per_replica": []}
+    assert fleet_health(own, reports, 1)["per_replica"] == [{"replica": "r1", "pid": 0, "node": "", "sessions": 2}]
+    assert fleet_health(own, reports, 0)["sessions"] == 1
+    assert fleet_health(own, reports)["per_replica"] == [{"replica": "r1", "pid": 11, "node": "n1", "sessions": 3}]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--replicas", "2", "--autoscale", "1:3"], "give --replicas N or --autoscale MIN:MAX, not both"),
     (["--autoscale", "3:1"], "--autoscale 3:1: need 1 <= MIN <= MAX and a TARGET above 0"),
@@ -258,6 +292,68 @@ def test_fleet_flags_are_checked_in_one_line(args, message):
     result = CliRunner().invoke(app, ["serve", "--port", "0", *args])
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: {message}") and result.output.count("\n") == 1, result.output
+
+
+def test_a_fleet_on_a_network_address_needs_a_declared_proxy(tmp_path):
+    """Issue 42: Ray Serve's proxy has no head deadline, idle eviction or connection cap, and the
+    documented cluster recipe ran it on 0.0.0.0 with nothing in front. Before: the fleet went on to
+    bind (here 192.0.2.1, an address this machine lacks, so nothing listens either way). Now it is
+    refused in one line before Ray starts; --behind-proxy is for a fleet only."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t" * 32 + "\n")
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--replicas", "2", "--host", "192.0.2.1",
+                                      "--token-file", str(tokens)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: refusing to serve a fleet on 192.0.2.1") and "--behind-proxy" in result.output
+    assert result.output.count("\n") == 1, result.output
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--behind-proxy"])
+    assert result.exit_code == 2 and result.output.startswith("error: --behind-proxy is for a fleet"), result.output
+
+
+def test_rays_import_time_settings_are_made_before_ray_is_imported():
+    """Issue 42: RAY_DEDUP_LOGS=0 was set after `import ray` had read it (ray_constants), so the
+    replicas' access lines folded into `[repeated 49x across cluster]`. A fresh process, as the CLI."""
+    code = ("from specdec_cli.scale.serve_fleet import require_serve; require_serve(); "
+            "from ray._private import ray_constants as c; print(c.RAY_DEDUP_LOGS)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DEDUP_LOGS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
+
+
+def listening(pids: set[int]) -> dict[str, str]:
+    """address:port -> process name, for the TCP sockets these processes listen on (ss)."""
+    found = {}
+    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines():
+        owners = re.findall(r'\("([^"]*)",pid=(\d+)', line)
+        if any(int(pid) in pids for _, pid in owners):
+            found[line.split()[3]] = owners[0][0]
+    return found
+
+
+def test_the_ray_a_fleet_starts_listens_on_loopback_and_keeps_its_token_private(fleet):
+    """Issue 42: `--host 127.0.0.1` kept only the proxy on loopback; the GCS, raylet, workers and
+    agents listened on the machine's address, and Ray wrote its token to ~/.ray/auth_token mode 644
+    and left it there. Now every port of the fleet's Ray is on loopback and its token is a private
+    file (600) named by RAY_AUTH_TOKEN_PATH; the fixture's teardown checks it is removed."""
+    tree = descendants(fleet.proc.pid) | {fleet.proc.pid}
+    ports = listening(tree)
+    assert len(ports) >= 4, ports  # (the GCS, the raylet, the proxy, workers: found at all)
+    outside = {a: n for a, n in ports.items()
+               if a.rsplit(":", 1)[0] not in ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]")}
+    assert not outside, outside
+    paths = set()
+    for pid in tree:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        paths |= {e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"RAY_AUTH_TOKEN_PATH=")}
+    assert len(paths) == 1, paths
+    token = Path(paths.pop())
+    assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o077 == 0
+    assert not str(token).startswith(str(Path.home()))
+    TOKEN_FILES.append(token)
 
 
 def test_the_fleet_needs_ray_serve_installed(monkeypatch):

@@ -132,6 +132,16 @@ def bad_requests(clip: wire.Clip) -> list[tuple[str, str, bytes, str]]:
         out.append((f"a {value} sample", "/v1/verify",
                     mp(opening(clip) | {"clip": {**msgspec.structs.asdict(clip), "audio": samples.tobytes(), "codec": "f32"}}),
                     wire.MSGPACK))
+    # Issue 42: huge but finite samples passed the finite check and overflowed the features: with
+    # sampling, /v1/verify answered 500 (IndexError in acceptance.draw_at), /v1/generate 500.
+    length = len(wire.decode_audio(clip.audio, clip.codec, 10**7))  # the prompt's placeholders fit it
+    for value in (1e20, -3e38, 3e38):
+        huge = np.full(length, value, np.float32)
+        audio = {**msgspec.structs.asdict(clip), "audio": huge.tobytes(), "codec": "f32"}
+        out.append((f"samples of {value:g} with sampling", "/v1/verify",
+                    mp(opening(clip, sample=True) | {"clip": audio, "sampling": sampling}), wire.MSGPACK))
+        out.append((f"samples of {value:g}, generate sampled", "/v1/generate",
+                    mp({"clip": audio, "config": {"sample": True}}), wire.MSGPACK))
     return out
 
 

@@ -18,6 +18,7 @@ import secrets
 
 import httpx
 import msgspec
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from remote_helpers import ROOT, Server
@@ -63,8 +64,9 @@ def opening(clip: wire.Clip, session: str | None) -> bytes:
     return msgspec.msgpack.encode(body)
 
 
-def prefills(server: Server) -> dict[str, float]:
-    text = httpx.get(f"{server.url}/metrics", headers=auth()).text
+def prefills(server: Server, token: int = 0) -> dict[str, float]:
+    """The per-session prefill counts `token` sees in /metrics (its own sessions', issue 42)."""
+    text = httpx.get(f"{server.url}/metrics", headers=auth(token)).text
     return {s.labels["session"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "specdec_session_prefills_total"}
 
@@ -78,9 +80,10 @@ def test_the_server_opens_the_session_under_the_clients_id(server, clip):
         assert answer["session"] == mine
         assert prefills(server)[mine[:8]] == 1
 
-        # Another token cannot take (or learn anything of) it beyond "in use"; mine is untouched.
+        # Another token cannot take it, and is answered as for any unknown session (404, issue 42:
+        # the 409 it got before told it the id existed); mine is untouched.
         taken = http.post("/v1/verify", content=opening(clip, mine), headers={**MP, **auth(1)})
-        assert taken.status_code == 409 and taken.json()["code"] == "session_id_taken"
+        assert taken.status_code == 404 and taken.json()["code"] == "unknown_session"
         follow = {"draft": [5], "session": mine, "held": answer["held"], "pending": [6]}
         r = http.post("/v1/verify", content=msgspec.msgpack.encode(follow), headers={**MP, **auth(0)})
         assert r.status_code == 200, r.text
@@ -95,6 +98,73 @@ def test_the_server_opens_the_session_under_the_clients_id(server, clip):
         r = http.post("/v1/verify", content=opening(clip, None), headers={**MP, **auth(0)})
         minted = msgspec.msgpack.decode(r.content)["session"]
         assert r.status_code == 200 and re.fullmatch(wire.SESSION_ID_PATTERN, minted) and minted != mine
+
+
+def test_a_token_sees_only_its_own_sessions_in_metrics_and_health(server, clip):
+    """Issue 42: /metrics gave any token every tenant's session prefixes and prefill counts, and
+    /health every tenant's session count and the model's path on the server's disk. Now each
+    token sees its own: the other token's /metrics holds no series of my session, its /health
+    counts none of my sessions, and the model is named, not located."""
+    mine = secrets.token_urlsafe(16)
+    r = httpx.post(f"{server.url}/v1/verify", content=opening(clip, mine),
+                   headers={**MP, **auth(0), wire.SESSION_HEADER: mine}, timeout=120)
+    assert r.status_code == 200, r.text
+    try:
+        mine_seen = prefills(server)  # token 0's view (the helper's)
+        other = httpx.get(f"{server.url}/metrics", headers=auth(1)).text
+        others_seen = {s.labels["session"] for f in text_string_to_metric_families(other) for s in f.samples
+                       if s.name == "specdec_session_prefills_total"}
+        assert mine[:8] in mine_seen and mine[:8] not in others_seen
+        health = {i: httpx.get(f"{server.url}/health", headers=auth(i)).json() for i in (0, 1)}
+        assert health[0]["sessions"] >= 1 and health[1]["sessions"] == 0, health
+        assert "/" not in health[1]["model"] and health[1]["model"] == "cloud", health[1]["model"]
+    finally:
+        httpx.delete(f"{server.url}/v1/sessions/{mine}", headers=auth(0))
+
+
+def test_two_tokens_opening_one_id_at_once_never_both_get_it(server):
+    """Issue 42: the holder check ran before the clip was prepared and the model turn awaited, so
+    two tokens opening the same id at the same moment both got 200 in 8 of 12 trials, the later
+    open silently replacing the other's session. Now the id is claimed before any await: in each
+    of 12 trials (both opens released together, each a 30 s clip to prepare) at most one token
+    gets it, the other a 404, and the winner's session goes on (its next verification answers)."""
+    import threading
+
+    pair = load_pair()
+    audio = np.resize(np.concatenate([load_audio(p, 16000, 30.0) for p in SAMPLES]), 30 * 16000)
+    data, codec = wire.encode_audio(audio.astype(np.float32), 16000)
+    long_clip = wire.Clip(data, codec, 16000, pair.processor(audio)["input_ids"][0].tolist())
+    both = 0
+    for _ in range(12):
+        sid = secrets.token_urlsafe(16)
+        body = opening(long_clip, sid)
+        gate = threading.Barrier(2)
+        answers: dict[int, httpx.Response] = {}
+
+        def open_as(token: int, body: bytes = body, gate: threading.Barrier = gate,
+                    answers: dict[int, httpx.Response] = answers) -> None:
+            gate.wait()
+            answers[token] = httpx.post(f"{server.url}/v1/verify", content=body, headers={**MP, **auth(token)},
+                                        timeout=120)
+        threads = [threading.Thread(target=open_as, args=(t,)) for t in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        won = [t for t, r in answers.items() if r.status_code == 200]
+        both += len(won) == 2
+        for r in answers.values():
+            assert r.status_code in (200, 404, 503), r.text
+            if r.status_code == 404:
+                assert r.json()["code"] == "unknown_session"
+        for t in won:
+            got = msgspec.msgpack.decode(answers[t].content)
+            follow = {"draft": [5], "session": sid, "held": got["held"], "pending": [6]}
+            r = httpx.post(f"{server.url}/v1/verify", content=msgspec.msgpack.encode(follow),
+                           headers={**MP, **auth(t)}, timeout=120)
+            assert r.status_code == 200 or len(won) == 2, r.text
+            httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=auth(t), timeout=30)
+    assert both == 0
 
 
 @pytest.mark.parametrize("bad", ["short", "a" * 21, "a" * 65, "x" * 21 + "/", "ÿ" * 22])
@@ -129,7 +199,7 @@ def test_a_described_clip_carries_one_id_from_its_first_request_and_is_logged(se
     logged = "\n".join(lines)
     assert TOKENS[1] not in logged and "Bearer" not in logged
     assert all(len(m.group(6)) <= 8 for m in parsed)
-    assert (prefix := verifies[0].group(6)) in prefills(server) and prefills(server)[prefix] == 1
+    assert (prefix := verifies[0].group(6)) in prefills(server, 1) and prefills(server, 1)[prefix] == 1
 
 
 def test_quiet_logs_no_request(tmp_path):

@@ -59,6 +59,9 @@ def serve(
                                                   show_default=False)] = None,
     replica_cpus: Annotated[float, typer.Option(min=0.01, help="CPUs Ray reserves for each replica (its torch "
                                                 "threads: the whole number of them, at least 1).")] = 1.0,
+    behind_proxy: Annotated[bool, typer.Option("--behind-proxy", help="A fleet: a proxy with connection limits "
+                                               "(nginx, HAProxy) stands in front, so --host may be other than "
+                                               "loopback.")] = False,
     max_requests_per_token: Annotated[int, typer.Option(min=0, help="Requests one token may have in flight (being "
                                                         "read, waiting or running); beyond it 503, before the body "
                                                         "is read (0: its share of sessions).")] = 0,
@@ -78,9 +81,13 @@ def serve(
     if log_level.lower() not in access_log.LEVELS:
         raise InputError(f"--log-level takes one of {', '.join(access_log.LEVELS)}, not {log_level!r}")
     level = "warning" if quiet else log_level.lower()
-    fleet = _fleet_options(replicas, ray, autoscale, replica_cpus, device)
+    fleet = _fleet_options(replicas, ray, autoscale, replica_cpus, device, behind_proxy)
     tokens = server.read_tokens(str(token_file) if token_file is not None else None, os.environ.get("SPECDEC_TOKEN"))
     server.check_bind(host, tokens)  # before loading a model
+    if fleet is not None:
+        from ..scale import serve_fleet
+
+        serve_fleet.check_front(host, fleet.behind_proxy)  # before Ray starts
 
     def announce(line: str) -> None:
         sys.stderr.write(line + "\n")
@@ -104,9 +111,12 @@ def serve(
 
 
 def _fleet_options(replicas: int | None, ray: str | None, autoscale: str | None, replica_cpus: float,
-                   device: str) -> Any:
+                   device: str, behind_proxy: bool = False) -> Any:
     """The fleet asked for (--replicas, --ray, --autoscale), checked before anything loads; None: one process."""
     if replicas is None and ray is None and autoscale is None:
+        if behind_proxy:
+            raise InputError("--behind-proxy is for a fleet (--replicas, --ray or --autoscale); one process "
+                             "limits its own connections")
         return None
     if replicas is not None and autoscale is not None:
         raise InputError("give --replicas N or --autoscale MIN:MAX, not both")
@@ -115,4 +125,4 @@ def _fleet_options(replicas: int | None, ray: str | None, autoscale: str | None,
     serve_fleet.require_serve()  # the install hint, exit 2
     scaling = serve_fleet.parse_autoscale(autoscale) if autoscale is not None else None
     gpus = 1.0 if device.startswith("cuda") else 0.0
-    return serve_fleet.FleetOptions(ray or "auto", replicas or 2, scaling, replica_cpus, gpus)
+    return serve_fleet.FleetOptions(ray or "auto", replicas or 2, scaling, replica_cpus, gpus, behind_proxy)

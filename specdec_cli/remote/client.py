@@ -326,7 +326,7 @@ class RemoteClient:
                 link.downlink_bytes += answer.wire_bytes
                 upstream_lost = answer.status in UPSTREAM_LOST and not _error_code(answer)
                 if answer.status != 503 and not upstream_lost:
-                    self._raise_for(answer)
+                    self._raise_for(answer, path)
                     if kind is None:
                         return None
                     if kind is bytes:
@@ -370,11 +370,16 @@ class RemoteClient:
         return CloudAnswerError(f"the cloud at {self.url} sent an answer specdec cannot use ({exc}); check that "
                                 f"--cloud names a `specdec serve` of specdec {__version__}")
 
-    def _raise_for(self, answer: Answer) -> None:
-        if answer.status < 400:
+    def _raise_for(self, answer: Answer, path: str) -> None:
+        if 200 <= answer.status < 300:
             return
+        if answer.status < 400:  # a redirect's body is not the answer (httpx follows none): never a verdict
+            raise self._unusable(Unusable(f"a {answer.status} answer (a redirect, which specdec does not follow)"))
         text, code = _error_text(answer), _error_code(answer)
-        if answer.status == 401:
+        if answer.status == 401 and path == "/health":
+            # At start-up (the /health check) a refused token is a usage error; later in a run it
+            # is the cloud refusing the clip (token revoked, server restarted with other tokens):
+            # `refused`, and the edge finishes the clip (docs/serve.md).
             raise InputError(f"the cloud at {self.url} refused the request ({text}); set {TOKEN_ENV} to a "
                              "token from its --token-file")
         if code in ("unknown_session", "out_of_sync"):

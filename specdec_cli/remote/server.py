@@ -60,6 +60,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -226,13 +227,37 @@ class Metrics:
                                  "(left a queue before its turn), row (a generation left its batch), session "
                                  "(a session being opened not kept)", ["what"], registry=r)
 
-    def prefilled(self, sid: str) -> None:
+    def prefilled(self, sid: str, owner: int = 0) -> None:
         label = sid[:SESSION_PREFIX]
         self.prefills.labels(label).inc()
-        self._prefill_labels[label] = None
+        self._prefill_labels[label] = owner
         self._prefill_labels.move_to_end(label)
         while len(self._prefill_labels) > PREFILL_LABELS:
             self.prefills.remove(self._prefill_labels.popitem(last=False)[0])
+
+    def label_owners(self) -> dict[str, int]:
+        """The token whose session each per-session series is (a series of 8 characters of an id)."""
+        return dict(self._prefill_labels)
+
+    def exposition(self, owner: int | None = None) -> bytes:
+        """The Prometheus text; `owner`: only that token's per-session series (least disclosure
+        between tenants, issue 42: any token saw every tenant's session prefixes and prefills)."""
+        text = generate_latest(self.registry)
+        return text if owner is None else tenant_view(text, self.label_owners(), owner)
+
+
+_SESSION_LABEL = re.compile(rb'^specdec_session_prefills_(?:total|created)\{.*session="([^"]*)"')
+
+
+def tenant_view(text: bytes, owners: dict[str, int], owner: int) -> bytes:
+    """Prometheus text less the per-session series of other tokens' sessions (their 8-character
+    prefixes and prefill counts): the aggregate series stay, which tell no tenant's sessions."""
+    kept = []
+    for line in text.splitlines(keepends=True):
+        m = _SESSION_LABEL.match(line)
+        if m is None or owners.get(m.group(1).decode("ascii", "replace")) == owner:
+            kept.append(line)
+    return b"".join(kept)
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -267,15 +292,19 @@ class ServeOptions:
         return self.max_requests_per_token if self.max_requests_per_token > 0 else self.per_token
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a --host value: a name, an address, `[::1]`) is this machine's loopback."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def check_bind(host: str, tokens: list[str]) -> None:
     """Anything but loopback needs a token: a cloud model open to a network serves whoever finds it."""
     if tokens:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         raise InputError(f"refusing to listen on {host} without a token: give --token-file FILE (or set "
                          "SPECDEC_TOKEN), or listen on 127.0.0.1")
 
@@ -505,20 +534,24 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     # -- handlers -----------------------------------------------------------------------------
 
     async def health(request: Request) -> Response:
-        owner_of(request)
+        owner = owner_of(request)
         sessions.expire()
+        # Least disclosure between tenants (issue 42): with tokens, a token sees its own sessions,
+        # and the model by its name, not where it lies on the server's disk.
+        model = Path(hosted.model_id).name if tokens and Path(hosted.model_id).is_absolute() else hosted.model_id
         return Response(msgspec.json.encode(wire.Health(
-            status="ok", model=hosted.model_id, fingerprint=hosted.fingerprint, tokenizer=hosted.tokenizer,
+            status="ok", model=model, fingerprint=hosted.fingerprint, tokenizer=hosted.tokenizer,
             vocab=hosted.vocab, dtype=hosted.dtype, device=hosted.device, context=hosted.context, rate=hosted.rate,
             max_seconds=float(hosted.processor.max_seconds), min_samples=hosted.min_samples, protocol=wire.PROTOCOL,
-            version=__version__, sessions=len(sessions), max_sessions=options.max_sessions,
+            version=__version__, sessions=sessions.held_by(owner) if tokens else len(sessions),
+            max_sessions=options.max_sessions,
             max_sessions_per_token=options.per_token, session_ttl_s=options.session_ttl_s,
             batch_window_ms=options.batch_window_ms if batcher is not None else 0,
             max_batch=options.max_batch if batcher is not None else 1)), media_type=wire.JSON)
 
     async def metrics_endpoint(request: Request) -> Response:
-        owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        owner = owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
+        return Response(metrics.exposition(owner if tokens else None), media_type=CONTENT_TYPE_LATEST)
 
     async def openapi_endpoint(request: Request) -> Response:
         owner_of(request)
@@ -527,18 +560,14 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     def session_id(given: str | None, owner: int) -> str:
         """The id a new session opens under: the client's (so that a session-affine router places
         its first request where the rest follow; the client draws it as we would, 128 random bits),
-        else one minted here. The id of a session this token holds is taken back (a rebuild: its
-        old state goes); one another token holds is refused without saying whose."""
+        claimed at once (Sessions.claim: a rebuild of this token's own, 404 for another token's),
+        else one minted here."""
         if given is None:
             return secrets.token_urlsafe(16)  # 128 random bits
         if not SESSION_ID.fullmatch(given):
             raise ApiError(400, "bad_session_id", "a session id a client chooses is 22 to 64 URL-safe base64 "
                                                   "characters (e.g. secrets.token_urlsafe(16))")
-        holder = sessions.holder(given)
-        if holder is not None and holder != owner:
-            raise ApiError(409, "session_id_taken", "that session id is in use; choose another")
-        if holder is not None:
-            sessions.close(given, owner)  # 409 session_busy while it verifies
+        sessions.claim(given, owner)
         return given
 
     async def new_session(owner: int, clip: wire.Clip, cfg: Any, prompt: list[int], *, prefill: bool,
@@ -546,8 +575,15 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         """A session for `clip`, registered under `sid` (the client's) or a new id. `prefill`: run
         the prompt's prefill now (an eager open); else the cloud only takes the inputs and
         prefills lazily with the first draft (a verification)."""
+        sid = session_id(sid, owner)  # the client's id claimed before any await (Sessions.claim)
+        try:
+            return await opened_session(sid, owner, clip, cfg, prompt, prefill)
+        finally:
+            sessions.release(sid, owner)  # (a no-op once the session was added)
+
+    async def opened_session(sid: str, owner: int, clip: wire.Clip, cfg: Any, prompt: list[int],
+                             prefill: bool) -> CloudSession:
         inputs = await prepared(clip, owner)  # decoding + features: off the event loop, in turns
-        sid = session_id(sid, owner)
         sessions.reserve(owner)  # 503 before any model work when the server (or this token's share) is full
 
         def build() -> CloudSession:
@@ -565,7 +601,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             memory.soon()
             raise
         sessions.add(session)
-        metrics.prefilled(sid)  # now (eager) or with its first draft (lazy): one prefill either way
+        metrics.prefilled(sid, owner)  # now (eager) or with its first draft (lazy): one prefill either way
         return session
 
     async def verify(request: Request) -> Response:
@@ -759,6 +795,8 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     app.state.stopping = stopping
     app.state.sessions = sessions
     app.state.metrics = metrics
+    app.state.owner_of = owner_of     # (a fleet's /health and /metrics show each token its own)
+    app.state.tenants = bool(tokens)
     app.state.memory = memory
     return app
 

@@ -46,6 +46,7 @@ class Sessions:
         self.per_token = limit if per_token is None else per_token
         self.on_drop = on_drop  # called after a session is dropped (its memory can go back)
         self._open: OrderedDict[str, CloudSession] = OrderedDict()
+        self._opening: dict[str, int] = {}  # client-named ids being opened -> the token opening each
 
     def __len__(self) -> int:
         return len(self._open)
@@ -61,8 +62,7 @@ class Sessions:
         self.expire()
         session = self._open.get(sid)
         if session is None or session.owner != owner:
-            raise ApiError(404, "unknown_session", f"no session {sid[:12]}…: it ended, was evicted or the "
-                                                   "server restarted; open a new one")
+            raise _unknown(sid)
         if session.busy:
             raise ApiError(409, "session_busy", "this session is already verifying; send one request at a time")
         self._open.move_to_end(sid)
@@ -73,10 +73,34 @@ class Sessions:
         only those of the tokens it accepts."""
         return sum(1 for s in self._open.values() if not s.busy and (of is None or of(s.owner)))
 
-    def holder(self, sid: str) -> int | None:
-        """The token that holds session `sid`, or None (for the server's own checks, never an answer)."""
+    def claim(self, sid: str, owner: int) -> None:
+        """Reserve the client-named id `sid` for a session `owner` opens, in one step of the event
+        loop (no await between the check and the reservation: issue 42, two tokens opening one id at
+        once both got 200 and the later replaced the other's session). Another token's id, open or
+        being opened, is answered as an unknown session is (404: nothing said of whose, and the
+        same answer a verification or a close of it gets); this token's own open session under it
+        is closed (a rebuild; 409 while it verifies); its own id being opened already: 409. The
+        reservation ends when the session is added, or with `release`."""
+        opening = self._opening.get(sid)
+        if opening is not None:
+            if opening != owner:
+                raise _unknown(sid)
+            raise ApiError(409, "session_busy", "this session is being opened; send one request at a time")
         session = self._open.get(sid)
-        return None if session is None else session.owner
+        if session is not None:
+            if session.owner != owner:
+                raise _unknown(sid)
+            self.close(sid, owner)  # 409 session_busy while it verifies
+        self._opening[sid] = owner
+
+    def release(self, sid: str, owner: int) -> None:
+        """The open that claimed `sid` ended without adding its session (refused, failed, abandoned)."""
+        if self._opening.get(sid) == owner:
+            del self._opening[sid]
+
+    def per_token(self) -> dict[int, int]:
+        """Open sessions per token."""
+        return dict(Counter(s.owner for s in self._open.values()))
 
     def held_by(self, owner: int) -> int:
         return sum(1 for s in self._open.values() if s.owner == owner)
@@ -110,7 +134,11 @@ class Sessions:
         return next(s for s in idle if held[s.owner] == most)
 
     def add(self, session: CloudSession) -> None:
+        opening = self._opening.get(session.id)
+        assert opening in (None, session.owner), "a session is added under an id another token claimed"
+        assert session.id not in self._open or opening is None, "a claimed id is open already"
         self.reserve(session.owner)
+        self._opening.pop(session.id, None)
         self._open[session.id] = session
         self.metrics.sessions.set(len(self._open))
         self.metrics.opened.inc()
@@ -145,6 +173,11 @@ class Sessions:
         self.metrics.ended.labels(why).inc()
         if self.on_drop is not None:
             self.on_drop()
+
+
+def _unknown(sid: str) -> ApiError:
+    return ApiError(404, "unknown_session", f"no session {sid[:12]}…: it ended, was evicted or the "
+                                            "server restarted; open a new one")
 
 
 class MemoryReturn:

@@ -23,6 +23,8 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
+from ..audio import MAX_PEAK
+
 # 2: the client names its sessions (a request carrying the clip opens the session under the id it
 # gives, so that a session-affine router places the first request where the rest will follow).
 PROTOCOL = 2
@@ -273,7 +275,7 @@ def decode_audio(data: bytes, codec: str, max_samples: int, rate: int | None = N
     decoded: a float32 clip by its byte count, a FLAC clip by the frame count in its header, and
     either way at most `max_samples` + 1 frames are ever read (a streamed FLAC says 0, i.e.
     "unknown", in its header: it is read under the same bound, and refused as too long past it).
-    NaN or infinite samples are refused. BadAudio (a ValueError; TooLong for the length) for
+    NaN or infinite samples are refused, and so are samples over audio.MAX_PEAK. BadAudio (a ValueError; TooLong for the length) for
     anything the server will not hear."""
     seconds = f"{max_samples / rate:g} s at {rate} Hz" if rate else f"{max_samples} samples"
     if codec == "f32":
@@ -288,6 +290,9 @@ def decode_audio(data: bytes, codec: str, max_samples: int, rate: int | None = N
         raise BadAudio(f"unknown codec {codec!r}: flac or f32")
     if not np.isfinite(audio).all():
         raise BadAudio("the clip holds NaN or infinite samples")
+    if len(audio) and (peak := float(np.abs(audio).max())) > MAX_PEAK:
+        raise BadAudio(f"the clip holds samples up to {peak:.3g}, over {MAX_PEAK:g} times full scale (1.0): "
+                       "not a recording")
     return audio
 
 

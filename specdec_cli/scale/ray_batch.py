@@ -64,8 +64,67 @@ CONNECT_TIMEOUT_S = 5.0  # for the check that something listens at --ray ADDRESS
 OBJECT_STORE_BYTES = 96 * 1024 * 1024
 
 
+LOOPBACK_ENV = "SPECDEC_RAY_LOOPBACK"  # set in a Ray private_local_ray started: its processes stay on loopback
+
+
+def ray_environment() -> None:
+    """What Ray reads once, when it is imported (ray_constants): set before the first `import ray`
+    of this process. No usage statistics leave the machine; each log line of a worker shows as it
+    came, not folded into `[repeated 18x across cluster]` (a fleet's access lines)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@contextmanager
+def private_local_ray() -> Iterator[None]:
+    """Around `ray.init(address="local")` and the Ray's whole life: a Ray this process starts for
+    itself listens on loopback only, and its auth token is a private file removed afterwards.
+
+    Why by hand: Ray 2.60 binds its GCS, raylet, workers and agents to the node's address, which it
+    takes from the network (not 127.0.0.1, even when told so: `resolve_ip_for_localhost`) unless
+    `ENABLE_RAY_CLUSTER` is off (its setting for a machine that is no cluster's node); and a new
+    local Ray writes a fresh token to ~/.ray/auth_token, readable by everyone (0644), and leaves it
+    behind. Here the token is ours, 0600 in a 0700 folder, named by RAY_AUTH_TOKEN_PATH (which the
+    processes Ray starts inherit), with RAY_AUTH_MODE=token (Config.initialize and the token
+    loader's reset_cache: Ray caches both, as its own `_enable_token_auth` knows)."""
+    import secrets
+    import shutil
+    import tempfile
+
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    folder = Path(tempfile.mkdtemp(prefix="specdec-ray-"))  # 0700
+    token = folder / "auth_token"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", LOOPBACK_ENV)
+    saved, cluster = {key: os.environ.get(key) for key in keys}, ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", LOOPBACK_ENV: "1"})
+    ray_constants.ENABLE_RAY_CLUSTER = False  # node address: 127.0.0.1 (services.get_node_ip_address)
+    Config.initialize("")
+    # Forget a "no token" cached by an earlier look (importing Ray Serve takes one): ray.init would
+    # otherwise write a fresh ~/.ray/auth_token beside ours.
+    AuthenticationTokenLoader.instance().reset_cache()
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        ray_constants.ENABLE_RAY_CLUSTER = cluster
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
 def require_ray() -> ModuleType:
     """The `ray` module, or the one-line install hint (exit 2) when the extra is not installed."""
+    ray_environment()
     try:
         import ray
     except ImportError as exc:
@@ -192,24 +251,28 @@ def _connected(ray: ModuleType, options: RayOptions) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine for a batch
     debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
     # Our own one-line messages replace Ray's worker logs on stderr, unless debugging.
     quiet = {"logging_level": logging.DEBUG if debug else logging.ERROR, "log_to_driver": debug}
     if options.local:
         cpus = max(options.workers or 0, os.cpu_count() or 1)
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                 object_store_memory=OBJECT_STORE_BYTES, **quiet)
-    else:
-        check_reachable(options.address)
-        try:
-            ray.init(address=options.address, **quiet)
-        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-            # Ray's own stderr lines say why; the one we meet most: a head started with token
-            # authentication (Ray's default) and a driver that was not told to send the token.
-            raise InputError(f"cannot join the Ray cluster at {options.address} ({one_line(exc)}); if Ray's "
-                             "lines above say InvalidAuthToken, export RAY_AUTH_MODE=token with the head's "
-                             "~/.ray/auth_token in place; or use --ray auto") from None
+        with private_local_ray():
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                     object_store_memory=OBJECT_STORE_BYTES, **quiet)
+            try:
+                yield
+            finally:
+                ray.shutdown()
+        return
+    check_reachable(options.address)
+    try:
+        ray.init(address=options.address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        # Ray's own stderr lines say why; the one we meet most: a head started with token
+        # authentication (Ray's default) and a driver that was not told to send the token.
+        raise InputError(f"cannot join the Ray cluster at {options.address} ({one_line(exc)}); if Ray's "
+                         "lines above say InvalidAuthToken, export RAY_AUTH_MODE=token with the head's "
+                         "~/.ray/auth_token in place; or use --ray auto") from None
     try:
         yield
     finally:

@@ -21,12 +21,19 @@ What is Ray Serve's and what is ours:
 
 What Ray Serve's proxy does not do that one `specdec serve` does: the per-connection limits of
 remote/limits.py (--max-connections, --header-timeout, the connection guard) are uvicorn's inside
-one process; in a fleet the proxy's own timeouts apply (`keep_alive_timeout_s`), and a TLS proxy or
-load balancer in front is the place for connection limits (docs/serve.md, "Deployment").
+one process; Ray Serve's proxy has no head deadline, idle eviction or connection cap (issue 42: 3,000
+idle sockets held it 70 s, ~20,000 exhausted its descriptors, no token needed). So a fleet listens on
+loopback only, unless `--behind-proxy` declares that a proxy with those limits stands in front
+(nginx, HAProxy, Envoy: docs/serve.md, "Deployment"), and it refuses a non-loopback --host without it.
+
+The Ray a fleet starts for itself (`--ray auto` with none running) listens on loopback only and keeps
+its auth token private (ray_batch.private_local_ray); Ray's import-time settings are made before
+Ray is first imported (ray_batch.ray_environment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -40,7 +47,7 @@ import msgspec
 
 from ..errors import InputError, SpecdecError, one_line
 from ..remote import access_log, server, wire
-from .ray_batch import OBJECT_STORE_BYTES, check_reachable
+from .ray_batch import LOOPBACK_ENV, OBJECT_STORE_BYTES, check_reachable, private_local_ray, ray_environment
 
 INSTALL_HINT = "--replicas and --ray need Ray Serve, which is not installed: pip install 'specdec[serve]'"
 APP = "specdec"                       # the Ray Serve application's name
@@ -60,6 +67,7 @@ class FleetOptions:
     autoscale: tuple[int, int, float] | None = None   # (min, max, target requests per replica)
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
+    behind_proxy: bool = False             # --behind-proxy: a proxy with connection limits stands in front
 
 
 def parse_autoscale(text: str) -> tuple[int, int, float]:
@@ -77,8 +85,18 @@ def parse_autoscale(text: str) -> tuple[int, int, float]:
     return low, high, target
 
 
+def check_front(host: str, behind_proxy: bool) -> None:
+    """A fleet on anything but loopback needs a declared proxy in front (the module says why)."""
+    if behind_proxy or server.is_loopback(host):
+        return
+    raise InputError(f"refusing to serve a fleet on {host}: Ray Serve's proxy has no connection limits (idle "
+                     "sockets can lock it); listen on 127.0.0.1 behind nginx or HAProxy, or declare such a "
+                     "proxy with --behind-proxy (docs/serve.md)")
+
+
 def require_serve() -> Any:
     """The `ray.serve` module, or the one-line install hint (exit 2) without the extra."""
+    ray_environment()  # before Ray is first imported
     try:
         from ray import serve
     except ImportError as exc:
@@ -98,6 +116,8 @@ class Report(msgspec.Struct):
     sessions: int
     metrics: str      # its /metrics text (Prometheus)
     at: float         # time.time() of the report
+    sessions_of: dict[int, int] = {}     # token -> its sessions here
+    label_owners: dict[str, int] = {}    # per-session series label -> the token whose session it is
 
 
 def _board_class() -> Any:
@@ -130,16 +150,19 @@ def live(reports: list[Report], now: float | None = None) -> list[Report]:
     return sorted((r for r in reports if now - r.at <= STALE_S), key=lambda r: r.replica)
 
 
-def fleet_metrics(reports: list[Report]) -> bytes:
+def fleet_metrics(reports: list[Report], owner: int | None = None) -> bytes:
     """Every replica's metrics as one Prometheus text, each sample labelled with its replica.
-    (prometheus_client's own parser and writer; families merged by name so each appears once.)"""
+    (prometheus_client's own parser and writer; families merged by name so each appears once.)
+    `owner`: only that token's per-session series (server.tenant_view, per replica)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.metrics_core import Metric
     from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, Metric] = {}
     for report in reports:
-        for family in text_string_to_metric_families(report.metrics):
+        text = report.metrics if owner is None else server.tenant_view(
+            report.metrics.encode(), report.label_owners, owner).decode()
+        for family in text_string_to_metric_families(text):
             merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
             for s in family.samples:
                 merged.add_sample(s.name, {**s.labels, "replica": report.replica}, s.value, s.timestamp, s.exemplar)
@@ -152,10 +175,15 @@ def fleet_metrics(reports: list[Report]) -> bytes:
     return generate_latest(registry)
 
 
-def fleet_health(own: dict[str, Any], reports: list[Report]) -> dict[str, Any]:
-    """The replica's own /health with the fleet's count, sessions and per-replica sessions."""
-    per = [wire.ReplicaHealth(r.replica, r.pid, r.node, r.sessions) for r in reports]
-    return {**own, "sessions": sum(r.sessions for r in reports), "replicas": len(per),
+def fleet_health(own: dict[str, Any], reports: list[Report], owner: int | None = None) -> dict[str, Any]:
+    """The replica's own /health with the fleet's count, sessions and per-replica sessions.
+    `owner` (a fleet with tokens): that token's sessions only, and no replica's pid or node
+    (least disclosure between tenants, issue 42; 0 and "" in their place)."""
+    def count(r: Report) -> int:
+        return r.sessions if owner is None else r.sessions_of.get(owner, 0)
+    per = [wire.ReplicaHealth(r.replica, r.pid if owner is None else 0, r.node if owner is None else "", count(r))
+           for r in reports]
+    return {**own, "sessions": sum(count(r) for r in reports), "replicas": len(per),
             "per_replica": msgspec.to_builtins(per)}
 
 
@@ -190,11 +218,15 @@ class FleetApp:
         content = b"".join(body)
         headers = list(start.get("headers", []))
         if start.get("status") == 200:
+            from starlette.requests import Request
+
+            state = self.app.state
+            owner = state.owner_of(Request(scope)) if state.tenants else None  # (its token was accepted)
             reports = await self.reporter.fleet()
             if scope["path"] == "/health":
-                content = msgspec.json.encode(fleet_health(msgspec.json.decode(content), reports))
+                content = msgspec.json.encode(fleet_health(msgspec.json.decode(content), reports, owner))
             else:
-                content = fleet_metrics(reports)
+                content = fleet_metrics(reports, owner)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(content)).encode()))
         await send({**start, "headers": headers})
@@ -215,7 +247,8 @@ class Reporter:
 
         state = self.app.state
         mine = Report(self.replica, os.getpid(), self.node, len(state.sessions),
-                      generate_latest(state.metrics.registry).decode(), time.time())
+                      generate_latest(state.metrics.registry).decode(), time.time(),
+                      state.sessions.per_token(), state.metrics.label_owners())
         return self.board.report.remote(self.replica, msgspec.msgpack.encode(mine))
 
     def _loop(self) -> None:
@@ -234,6 +267,20 @@ class Reporter:
         self._stop.set()
 
 
+def _replica_grpc_on_loopback() -> None:
+    """In a Ray private_local_ray started: the replica's inter-deployment gRPC server, which Ray
+    Serve 2.60 binds to `[::]:0` whatever the node's address (replica.py `_on_initialized`, called
+    after this constructor), binds to loopback like the rest of that Ray. By hand: Ray offers no
+    setting for it; the name is looked up when the server starts, so wrapping it here is enough."""
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+
+    def on_loopback(grpc_server: Any, address: str) -> int:
+        return bind(grpc_server, "127.0.0.1:" + address.rsplit(":", 1)[1] if address.startswith("[::]:") else address)
+    replica.add_port_to_grpc_server = on_loopback
+
+
 def _replica_class(serve: Any) -> Any:
     @serve.ingress()
     class Replica:
@@ -245,6 +292,8 @@ def _replica_class(serve: Any) -> Any:
             import torch
 
             torch.set_num_threads(threads)
+            if os.environ.get(LOOPBACK_ENV) == "1":
+                _replica_grpc_on_loopback()
             access_log.configure(log_level)
             self.hosted = server.load_hosted(cloud, device, dtype)
             self.options = options
@@ -296,23 +345,28 @@ def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options
     from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
     server.check_bind(host, options.tokens)
+    check_front(host, fleet.behind_proxy)
     if port == 0:  # Ray Serve's proxy needs a number: one the system has free now
         with server.listen(host, 0) as probe:
             port = probe.getsockname()[1]
     else:
         server.listen(host, port).close()  # in use: one line now, not Ray's traceback later
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # each access line as it came, not "[repeated 18x]"
     debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
     quiet = {"logging_level": logging.DEBUG if debug else logging.ERROR,
              "log_to_driver": debug or log_level in ("info", "debug")}  # the replicas' access lines
     started_ray = not ray.is_initialized()
     address = fleet.address if fleet.address != "auto" else running_cluster()
+    private = contextlib.ExitStack()
     if started_ray:
         if address == "auto":
             cpus = max(os.cpu_count() or 1, int(fleet.replicas * fleet.replica_cpus + 0.999))
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                     object_store_memory=OBJECT_STORE_BYTES, **quiet)
+            private.enter_context(private_local_ray())
+            try:
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                         object_store_memory=OBJECT_STORE_BYTES, **quiet)
+            except BaseException:
+                private.close()
+                raise
         else:
             check_reachable(address)
             try:
@@ -372,6 +426,7 @@ def run_fleet(cloud: str, device: str, dtype: str, host: str, port: int, options
         finally:
             if started_ray:
                 ray.shutdown()
+            private.close()  # the token file goes with the Ray it was for
 
 
 def _identity(options: server.ServeOptions) -> str:
