@@ -48,6 +48,13 @@ def mixed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     return root, reasons, whole
 
 
+def _speech(root: Path) -> list[str]:
+    """The three held-out speech clips' names (held-out sets name clips by set and index)."""
+    names = sorted(p.name for p in root.glob("*.wav") if p.name.split("-")[0] in ("val", "val_voices", "val_synth"))
+    assert len(names) == 3, names
+    return names
+
+
 def _lines(stderr: str, prefix: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(prefix)]
 
@@ -75,8 +82,8 @@ def test_batch_names_every_entry_it_skips_with_the_reason(mixed, tmp_path):
     failed = _lines(done.stderr, "failed: ")
     assert len(failed) == 3 and any("bell\\x1b[2Jname.wav" in line for line in failed)
     records = {Path(r["file"]).name: r for r in map(json.loads, out.read_text().splitlines())}
-    assert sorted(n for n, r in records.items() if r["error"] is None) == ["cut.wav", "phone.m4a", "val-1100.wav",
-                                                                          "val-1101.wav", "val-1102.wav"]
+    assert sorted(n for n, r in records.items() if r["error"] is None) == sorted(["cut.wav", "phone.m4a",
+                                                                                 *_speech(root)])
     assert "4 other entries skipped" in done.stderr.splitlines()[-1]
 
 
@@ -104,8 +111,9 @@ def test_eval_skips_each_bad_clip_before_loading_and_says_how_many_it_scored(mix
 
 def test_describe_lists_every_bad_clip_first_and_describes_the_rest_in_order(mixed):
     root, _, _ = mixed
-    clips = [root / "val-1100.wav", root / "nonexist.wav", root / "notes.wav", root / "empty.wav",
-             root / "val-1101.wav", root / "pipe.wav"]
+    first, second, _ = _speech(root)
+    clips = [root / first, root / "nonexist.wav", root / "notes.wav", root / "empty.wav",
+             root / second, root / "pipe.wav"]
     done = run_specdec("describe", *map(str, clips), "--json", *FAST, timeout=300)
     assert done.returncode == 1, done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines()]
@@ -138,9 +146,10 @@ def test_resolution_is_one_attribute_on_one_clip():
 
 def test_check_clips_keeps_the_order_and_names_each_problem(mixed):
     root, reasons, _ = mixed
-    names = ["val-1100.wav", "empty.wav", "cut.wav", "pipe.wav", "zero.wav", "notes.wav"]
+    first = _speech(root)[0]
+    names = [first, "empty.wav", "cut.wav", "pipe.wav", "zero.wav", "notes.wav"]
     checked = check_clips([root / n for n in names])
-    assert [p.name for p in checked.clips] == ["val-1100.wav", "cut.wav"]
+    assert [p.name for p in checked.clips] == [first, "cut.wav"]
     assert [s.path.name for s in checked.skipped] == ["empty.wav", "pipe.wav", "zero.wav", "notes.wav"]
     for s in checked.skipped:
         assert reasons[s.path.name].lower() in s.reason.lower(), s.reason

@@ -189,7 +189,7 @@ def psola_pitch(x: np.ndarray, semitones: float) -> np.ndarray:
     if abs(semitones) <= 1e-3:
         return x
     import parselmouth
-    from parselmouth.praat import call
+    from parselmouth.praat import call, run
 
     from .measure import PITCH_CEILING_HZ, PITCH_FLOOR_HZ
 
@@ -199,6 +199,10 @@ def psola_pitch(x: np.ndarray, semitones: float) -> np.ndarray:
     if not np.any(hz > 0):
         return x
     target = float(np.median(hz[hz > 0])) * 2 ** (semitones / 12)
+    # Praat's overlap-add fills unvoiced stretches from its random generator, seeded from the clock
+    # at start-up: unseeded, the same clip came out different in every process (CI caught it).
+    # Seeded before each call, the result is a pure function of (x, semitones).
+    run("random_initializeWithSeedUnsafelyButPredictably (4)\n")
     out = call(snd, "Change gender", PITCH_FLOOR_HZ, PITCH_CEILING_HZ, 1.0, target, 1.0, 1.0)
     return out.values[0].astype(np.float32)
 

@@ -26,6 +26,7 @@ text side (the eager path with dropout made steps ~2.6x dearer); length-bucketed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -761,6 +762,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 2 when it has the machine)")
     ap.add_argument("--export", type=Path, default=None, metavar="DIR",
                     help="write the latest checkpoint as a model folder (processor + weights) and exit")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="a shorter schedule than the recipe's (its cosine ends at this step): a pilot run "
+                         "when the recipe's own does not fit the time at hand; say so wherever it is quoted")
     args = ap.parse_args(argv)
     run_dir = args.runs / args.model
     if args.export:
@@ -769,7 +773,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.progress:
         print(progress(args.model, run_dir, args.corpus))
         return
-    st = train(args.model, RECIPES[args.model], run_dir, args.corpus, save_every_s=args.save_every,
+    recipe = RECIPES[args.model]
+    if args.steps is not None:
+        recipe = dataclasses.replace(recipe, steps=args.steps, eval_every=min(recipe.eval_every, args.steps))
+    st = train(args.model, recipe, run_dir, args.corpus, save_every_s=args.save_every,
                log=lambda s: print(s, flush=True), threads=args.threads, teacher_dir=args.teacher)
     print(json.dumps({"model": args.model, "step": st["step"], "params": st["params"]}), flush=True)
 

@@ -98,7 +98,7 @@ class Sessions:
         if self._opening.get(sid) == owner:
             del self._opening[sid]
 
-    def per_token(self) -> dict[int, int]:
+    def count_by_token(self) -> dict[int, int]:
         """Open sessions per token."""
         return dict(Counter(s.owner for s in self._open.values()))
 

@@ -248,7 +248,7 @@ class Reporter:
         state = self.app.state
         mine = Report(self.replica, os.getpid(), self.node, len(state.sessions),
                       generate_latest(state.metrics.registry).decode(), time.time(),
-                      state.sessions.per_token(), state.metrics.label_owners())
+                      state.sessions.count_by_token(), state.metrics.label_owners())
         return self.board.report.remote(self.replica, msgspec.msgpack.encode(mine))
 
     def _loop(self) -> None:
