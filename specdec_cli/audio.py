@@ -1,13 +1,14 @@
 """Read one clip from disk, refuse what the model cannot use, return mono float32 at its rate.
 
-soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); librosa
+soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); soxr
 resamples. A clip is bounded before it is decoded: the header's length is checked first, then the
 decoder reads at most the longest clip plus one frame, as a forward stream, so a header that does not
 say the length (a FLAC written to a pipe) or under-reports it (a VBR MP3 without its Xing frame) is
-read under the same bound and judged by its real length, never cut. numpy, soundfile and librosa are imported when a clip is read, not with the module:
-the CLI checks paths before paying for them, and librosa (numba, scipy.signal: over a second) only
-when a clip's rate differs from the model's. Each refusal is an InputError whose one line says what is wrong and what
-to do. Loudness is never normalised: volume is one of the attributes the model describes.
+read under the same bound and judged by its real length, never cut. numpy, soundfile and soxr are
+imported when a clip is read, not with the module: the CLI checks paths before paying for them, and
+soxr only when a clip's rate differs from the model's. Each refusal is an InputError whose one line
+says what is wrong and what to do. Loudness is never normalised: volume is one of the attributes the
+model describes.
 
 A recording longer than the model's window is refused unless the caller asks for it in segments
 (`--segment`, segments.py): `recording_info` and `mono_blocks` read it under their own, explicit
@@ -512,10 +513,22 @@ def prepare_mono(mono: np.ndarray, rate: int, sampling_rate: int, path: Path | s
         raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
                          "check the recording")
     if rate != sampling_rate:
-        import librosa  # lazy: numba and scipy.signal, only when a clip needs resampling
-
-        mono = librosa.resample(mono, orig_sr=rate, target_sr=sampling_rate)
+        mono = resample(mono, rate, sampling_rate)
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def resample(mono: np.ndarray, rate: int, sampling_rate: int) -> np.ndarray:
+    """`mono` at `rate` Hz, resampled to `sampling_rate` Hz: what librosa.resample's default
+    (res_type="soxr_hq", fix=True) returns, without librosa. Through librosa the first clip that is
+    not at the model's rate paid numba compiling librosa's jitted helpers (19-53 s once per machine,
+    ~2 s a process after: issue 44, bench/resample.py); soxr is the same resampler with no JIT."""
+    import numpy as np
+    import soxr  # lazy, a C extension: imported in ~0.1 s, only when a clip needs resampling
+
+    out = soxr.resample(mono, rate, sampling_rate, quality="soxr_hq")
+    # librosa's length (fix=True): ceil(n x ratio) samples, soxr's output cut or zero-padded to it.
+    size = math.ceil(mono.shape[0] * (sampling_rate / rate))  # librosa's float order, to the sample
+    return out[:size] if out.shape[0] >= size else np.pad(out, (0, size - out.shape[0]))
 
 
 def prepare_waveform(samples: np.ndarray, rate: int, sampling_rate: int, max_seconds: float,
