@@ -99,7 +99,8 @@ class Pair:
         self.spec = spec
         self.models: ModelPair = load_pair(spec.edge, spec.cloud, spec.device, spec.dtype,
                                            edge_device=spec.edge_device, cloud_device=spec.cloud_device,
-                                           cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout)
+                                           cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout,
+                                           cloud_down=spec.cloud_down)
         if self.models.remote is not None:
             self.models.remote.upload = spec.upload
         one_thread_if_tiny(self.models)
