@@ -138,7 +138,7 @@ def test_plot_without_matplotlib_is_a_one_line_input_error(clip_path, models, tm
     monkeypatch.delitem(sys.modules, "specdec_cli.commands.plots", raising=False)
     result = invoke("describe", str(clip_path), *models, *DESCRIBE, "--plot", str(tmp_path / "t.png"))
     assert result.exit_code == 2
-    assert result.stderr.strip() == "error: plotting needs matplotlib: pip install 'specdec[plot]'"
+    assert result.stderr.strip() == "error: plotting needs matplotlib: pip install 'specdec-omni[plot]'"
 
 
 def test_plot_draws_a_real_trace(clip_path, models, tmp_path):

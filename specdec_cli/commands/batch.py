@@ -44,7 +44,7 @@ _R = "Ray (many processes or machines)"
 RayOpt = Annotated[str | None, typer.Option(
     "--ray", metavar="auto|ADDRESS", help="Spread the clips over Ray workers, each loading the pair once: auto starts "
     "a Ray on this machine for this run; ADDRESS joins a running cluster (what `ray start --head` prints). "
-    "Needs pip install 'specdec\\[ray]'.",  # the backslash keeps Rich from reading [ray] as markup
+    "Needs pip install 'specdec-omni\\[ray]'.",  # the backslash keeps Rich from reading [ray] as markup
     show_default=False, rich_help_panel=_R)]
 WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", min=1, help="Ray workers (default: one per CPU, or per --gpus-per-worker GPUs, of the cluster).",

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..segments import Segment
     from ..settings import PairSpec
 
-PLOT_HINT = "plotting needs matplotlib: pip install 'specdec[plot]'"
+PLOT_HINT = "plotting needs matplotlib: pip install 'specdec-omni[plot]'"
 
 
 def plot_trace_fn():
