@@ -227,7 +227,7 @@ def test_keyboard_interrupt_exits_130(clip_path, models, monkeypatch):
     result = invoke("describe", str(clip_path), *models, *DESCRIBE)
     # Issue 36: Ctrl-C says what was done and what was not.
     assert result.exit_code == 130 and result.stderr.strip() == (
-        f"interrupted: 0 clips described and 0 failed before Ctrl-C (their lines are above); 1 of 1 clips not "
+        f"interrupted: 0 clips described and 0 failed before Ctrl-C (their lines are above); 1 of 1 clip not "
         f"finished, from {clip_path}")
 
 

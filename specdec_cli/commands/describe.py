@@ -77,13 +77,14 @@ def cloud_down_note(err: Any, pair: Pair) -> None:
                   "record's fallback is \"unreachable\"", markup=False, style="yellow", soft_wrap=True)
 
 
-def load(spec: PairSpec, err: Any) -> Pair:
-    """The pair, loaded once, with a spinner on a terminal."""
+def load(spec: PairSpec, err: Any, spinner: bool = True) -> Pair:
+    """The pair, loaded once, with a spinner on a terminal (none with `spinner` False: --quiet and
+    --json draw nothing)."""
     from contextlib import nullcontext
 
     from ..pair import Pair
 
-    with err.status("loading models…") if err.is_terminal else nullcontext():
+    with err.status("loading models…") if err.is_terminal and spinner else nullcontext():
         return Pair.from_spec(spec)
 
 
@@ -140,9 +141,9 @@ def describe(
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
     try:
-        pair = load(spec, err)
+        pair = load(spec, err, spinner=not json_out and not quiet)
     except KeyboardInterrupt:
-        raise Interrupted(f"while the models loaded: none of the {len(clips)} clips was described") from None
+        raise Interrupted(f"while the models loaded: none of the {ui.clips(len(clips))} was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
     if run.cfg.mode != "edge":
         cloud_down_note(err, pair)
@@ -218,7 +219,7 @@ def describe(
         # What Ctrl-C leaves: the sentences printed so far are whole; the clip in flight and the rest are not.
         what = "segments" if segment else "clips"
         raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
-                          f"{len(clips) - clips.index(clip)} of {len(clips)} clips not finished, from {clip}") from None
+                          f"{len(clips) - clips.index(clip)} of {ui.clips(len(clips))} not finished, from {clip}") from None
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)
