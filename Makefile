@@ -21,10 +21,13 @@ install: $(VENV)/.installed
 # (tests/test_layers.py checks it).
 PIP_EDITABLE := $(BIN)/python -m pip install -q --config-settings editable_mode=compat -e
 
+# The distribution was named `specdec` before its rename to specdec-omni (PyPI's `specdec` is another
+# project): a venv holding either keeps a second owner of the `specdec` import, so it goes first.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip uninstall -q -y specdec 2>/dev/null || true
 	$(PIP_EDITABLE) .
 	touch $@
 

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/doc_examples.py` from a checkout without `pip install -e .`
+if str(REPO) not in sys.path:  # `python bench/doc_examples.py` from a checkout that is not installed
     sys.path.insert(0, str(REPO))
 
 SECTION = re.compile(r"\n## Python API\n(.*?)(?=\n## |\Z)", re.S)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/doc_tables.py` from a checkout without `pip install -e .`
+if str(REPO) not in sys.path:  # `python bench/doc_tables.py` from a checkout that is not installed
     sys.path.insert(0, str(REPO))
 PAGES = ("README.md", "docs/*.md", "specdec_cli/demo/models/*.md")
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+)+) -->$")

@@ -60,7 +60,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):  # `python bench/gpu.py` from a bare checkout (no `pip install -e .`)
+for _p in (REPO, REPO / "bench"):  # `python bench/gpu.py` from a bare checkout (not installed)
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -1,6 +1,6 @@
 """`specdec batch --ray` against the single-process batch: clips/s with one and two Ray workers.
 
-Run by hand (not part of the tests; needs `pip install 'specdec[ray]'`):
+Run by hand (not part of the tests; needs `pip install 'specdec-omni[ray]'`):
 
     python bench/ray_batch.py [--clips 96] [--rounds 2] [--workers 1,2] [--batch-size 8] [--no-cli] [--json]
 
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/ray_batch.py` from a checkout without `pip install -e .`
+if str(REPO) not in sys.path:  # `python bench/ray_batch.py` from a checkout that is not installed
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.commands.batch import DEFAULT_BATCH_SIZE  # noqa: E402

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/run.py` from a checkout without `pip install -e .`
+if str(REPO) not in sys.path:  # `python bench/run.py` from a checkout that is not installed
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.audio import audio_suffixes, load_audio  # noqa: E402

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/vocab152k.py` from a checkout without `pip install -e .`
+if str(REPO) not in sys.path:  # `python bench/vocab152k.py` from a checkout that is not installed
     sys.path.insert(0, str(REPO))
 
 from specdec_cli.decoding import (  # noqa: E402

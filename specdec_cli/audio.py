@@ -1,13 +1,14 @@
 """Read one clip from disk, refuse what the model cannot use, return mono float32 at its rate.
 
-soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); librosa
+soundfile decodes (WAV in any PCM/float width, FLAC, OGG, MP3 where libsndfile has it); soxr
 resamples. A clip is bounded before it is decoded: the header's length is checked first, then the
 decoder reads at most the longest clip plus one frame, as a forward stream, so a header that does not
 say the length (a FLAC written to a pipe) or under-reports it (a VBR MP3 without its Xing frame) is
-read under the same bound and judged by its real length, never cut. numpy, soundfile and librosa are imported when a clip is read, not with the module:
-the CLI checks paths before paying for them, and librosa (numba, scipy.signal: over a second) only
-when a clip's rate differs from the model's. Each refusal is an InputError whose one line says what is wrong and what
-to do. Loudness is never normalised: volume is one of the attributes the model describes.
+read under the same bound and judged by its real length, never cut. numpy, soundfile and soxr are
+imported when a clip is read, not with the module: the CLI checks paths before paying for them, and
+soxr only when a clip's rate differs from the model's. Each refusal is an InputError whose one line
+says what is wrong and what to do. Loudness is never normalised: volume is one of the attributes the
+model describes.
 
 A recording longer than the model's window is refused unless the caller asks for it in segments
 (`--segment`, segments.py): `recording_info` and `mono_blocks` read it under their own, explicit
@@ -473,7 +474,10 @@ def _mp3_pipe(path: Path, data: bytes | None):
         feeder.join()
 
 
-def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float, path: Path) -> np.ndarray:
+def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float, path: Path,
+             too_long_hint: str | None = None) -> np.ndarray:
+    """`too_long_hint`: what to do with a clip over the window, in the caller's terms (None: the
+    command line's, segment_hint)."""
     import numpy as np
 
     seconds = data.shape[0] / rate
@@ -483,7 +487,7 @@ def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float
         raise InputError(f"{path} is {seconds:.3f} s long; give a clip of at least {MIN_SECONDS:g} s")
     if seconds > max_seconds:  # headers of some compressed files under-report the length
         raise InputError(f"{path} is {seconds:.1f} s long; the model takes at most {max_seconds:g} s "
-                         f"per clip: {segment_hint(max_seconds)}")
+                         f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     if not np.isfinite(data).all():
         raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
     return _prepare(data, rate, sampling_rate, path)
@@ -512,25 +516,64 @@ def prepare_mono(mono: np.ndarray, rate: int, sampling_rate: int, path: Path | s
         raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
                          "check the recording")
     if rate != sampling_rate:
-        import librosa  # lazy: numba and scipy.signal, only when a clip needs resampling
-
-        mono = librosa.resample(mono, orig_sr=rate, target_sr=sampling_rate)
+        mono = resample(mono, rate, sampling_rate)
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def resample(mono: np.ndarray, rate: int, sampling_rate: int) -> np.ndarray:
+    """`mono` at `rate` Hz, resampled to `sampling_rate` Hz: what librosa.resample's default
+    (res_type="soxr_hq", fix=True) returns, without librosa. Through librosa the first clip that is
+    not at the model's rate paid numba compiling librosa's jitted helpers (19-53 s once per machine,
+    ~2 s a process after: issue 44, bench/resample.py); soxr is the same resampler with no JIT."""
+    import numpy as np
+    import soxr  # lazy, a C extension: imported in ~0.1 s, only when a clip needs resampling
+
+    out = soxr.resample(mono, rate, sampling_rate, quality="soxr_hq")
+    # librosa's length (fix=True): ceil(n x ratio) samples, soxr's output cut or zero-padded to it.
+    size = math.ceil(mono.shape[0] * (sampling_rate / rate))  # librosa's float order, to the sample
+    return out[:size] if out.shape[0] >= size else np.pad(out, (0, size - out.shape[0]))
+
+
+# A [channels, frames] array (librosa's and torchaudio's layout) is told from [frames, channels] by
+# its first axis: at most this many channels (7.1 is 8) with more frames than channels on the other.
+MAX_CHANNELS_FIRST = 8
 
 
 def prepare_waveform(samples: np.ndarray, rate: int, sampling_rate: int, max_seconds: float,
                      name: str = "<waveform>") -> np.ndarray:
     """A waveform given in memory (the Python API), checked and prepared as a file's samples are:
-    `samples` is [frames] or [frames, channels] at `rate` Hz; `name` stands for it in messages."""
+    `samples` is [frames], [frames, channels] or [channels, frames] (librosa's and torchaudio's
+    layout, told by its shape) at `rate` Hz, floats at full scale 1.0 or integers at their type's
+    full scale (int16 / 32768, as a PCM file is read); `name` stands for it in messages."""
     import numpy as np
 
-    data = np.asarray(samples, dtype=np.float32)
+    data = _full_scale(np.asarray(samples), name)
+    if data.ndim == 2 and data.shape[0] <= MAX_CHANNELS_FIRST < data.shape[1]:
+        data = data.T  # [channels, frames]: the channels are downmixed as a file's are
     if data.ndim == 1:
         data = data[:, None]
     if data.ndim != 2 or rate <= 0:
-        raise InputError(f"{name}: give samples as [frames] or [frames, channels] with a positive rate, "
-                         f"got shape {tuple(np.shape(samples))} at {rate} Hz")
-    return _checked(data, int(rate), sampling_rate, max_seconds, Path(name))
+        raise InputError(f"{name}: give samples as [frames], [frames, channels] or [channels, frames] with a "
+                         f"positive rate, got shape {tuple(np.shape(samples))} at {rate} Hz")
+    # The Python API's terms: its caller has no --segment, but has Pair.segments.
+    hint = f"cut it at pauses with pair.segments(samples, rate={rate}) and describe each piece"
+    return _checked(data, int(rate), sampling_rate, max_seconds, Path(name), hint)
+
+
+def _full_scale(data: np.ndarray, name: str) -> np.ndarray:
+    """float32 samples at full scale 1.0. Integer PCM is scaled by its type's range, as soundfile
+    reads a PCM file (int16: / 32768; unsigned, e.g. 8-bit WAV's uint8: centred first): taken as
+    floats, int16 speech peaks near 10,000 and the model heard clipping noise (issue 44)."""
+    import numpy as np
+
+    if data.dtype.kind == "b" or data.dtype.kind not in "iuf":
+        raise InputError(f"{name}: samples of dtype {data.dtype} are not audio; give floats (full scale 1.0) "
+                         "or integer PCM (int16, int32, uint8)")
+    if data.dtype.kind == "f":
+        return data.astype(np.float32, copy=False)
+    half = 2.0 ** (8 * data.dtype.itemsize - 1)
+    centred = data.astype(np.float64) - (half if data.dtype.kind == "u" else 0.0)
+    return (centred / half).astype(np.float32)
 
 
 # -- long recordings (--segment) ---------------------------------------------------------------------

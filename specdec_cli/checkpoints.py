@@ -72,7 +72,10 @@ def check_model(ref: str, role: str = "model") -> None:
     if path.exists():
         raise ModelError(f"the {role} {ref} is a file; give a model folder or a Hub id such as "
                          "Qwen/Qwen2.5-Omni-3B")
-    if not _HUB_ID.fullmatch(ref) or ref.startswith((".", "~")):
+    # A bare name (no owner/) that is no folder here is a mistyped path far more often than one of the
+    # Hub's few legacy ids (gpt2), none of which is a Qwen2.5-Omni thinker: say so, unless it is cached.
+    bare = "/" not in ref and not _in_hub_cache(ref)
+    if bare or not _HUB_ID.fullmatch(ref) or ref.startswith((".", "~")):
         raise ModelError(f"no such {role} folder: {ref}; check the path (or give a Hub id such as "
                          "Qwen/Qwen2.5-Omni-3B)")
     _check_hub_reachable(ref, role)
@@ -83,16 +86,22 @@ def check_model(ref: str, role: str = "model") -> None:
 HUB_CONNECT_S = 1.5
 
 
+def _in_hub_cache(ref: str) -> bool:
+    """Whether Hub id `ref` was downloaded before (from_pretrained then reads the cache, online or
+    not). The cache's documented layout (models--OWNER--NAME/snapshots/REV/) read directly:
+    try_to_load_from_cache answers the same, at the cost of importing the download API (httpx, 0.3 s)."""
+    from huggingface_hub import constants  # the constants alone
+
+    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{ref.replace('/', '--')}" / "snapshots"
+    return any(snapshots.glob("*/config.json"))
+
+
 def _check_hub_reachable(ref: str, role: str) -> None:
     """A Hub id that is not in the local cache needs the Hub: refused at once, in one line, when
     HF_HUB_OFFLINE is set or the Hub does not accept a connection within HUB_CONNECT_S."""
-    from huggingface_hub import constants  # the constants alone: the download API pulls in httpx (0.3 s)
+    from huggingface_hub import constants
 
-    # Downloaded before: from_pretrained reads the cache (online or not). The cache's documented layout
-    # (models--OWNER--NAME/snapshots/REV/) read directly, for the reason above (try_to_load_from_cache
-    # answers the same, at the cost of that import).
-    snapshots = Path(constants.HF_HUB_CACHE) / f"models--{ref.replace('/', '--')}" / "snapshots"
-    if any(snapshots.glob("*/config.json")):
+    if _in_hub_cache(ref):
         return
     fix = f"give a local folder holding the checkpoint (e.g. after `hf download {ref}` on a machine with network)"
     if constants.HF_HUB_OFFLINE:

@@ -97,7 +97,9 @@ class Describer:
         until = self.policy.until(time.monotonic())
         inputs = self.inputs(audio, cfg)
         link = None
-        if p.remote is None:
+        if p.cloud_down is not None:  # the cloud was down at the start: the edge alone, marked
+            result, link = self._edge_alone(inputs, cfg)
+        elif p.remote is None:
             if cfg.mode == "spec":
                 result = speculative_decode(p.edge, p.cloud, inputs, cfg, p.masks, p.eos_ids, on_block, gate=p.gate)
             else:
@@ -128,6 +130,19 @@ class Describer:
             link = LinkStats()
         latency = time.perf_counter() - start
         return Description(self.text(result), result, latency, link)
+
+    def _edge_alone(self, inputs: Any, cfg: DecodingConfig) -> tuple[DecodeResult, LinkStats]:
+        """The clip on the edge alone, its cloud down since the run started (ModelPair.cloud_down):
+        marked as a fallback with nothing verified, unless the clip asked for the edge (--mode edge)."""
+        from .decoding import generate_baseline
+        from .decoding.loop import CloudLost
+        from .remote.client import CloudUnreachable, LinkStats
+
+        p = self.pair
+        result = generate_baseline(p.edge, inputs, cfg.with_(mode="edge"), p.masks, p.eos_ids, p.tokenizer.pad_token_id)
+        if cfg.mode != "edge":
+            result.lost = CloudLost(CloudUnreachable.cloud_failure, str(p.cloud_down), 0, 0)
+        return result, LinkStats()
 
     def _edge_instead(self, exc: Exception, inputs: Any, cfg: DecodingConfig) -> DecodeResult:
         """Cloud-only, the cloud failed: the edge describes the clip from its start (the loop's
@@ -169,7 +184,8 @@ def batchable(pair: Any, cfg: DecodingConfig) -> bool:
     """Whether this run can put clips in rows: every mode in this process, but not sampled edge-only
     or cloud-only (HF `generate` draws them from torch's global generator, whose stream would depend
     on the batch-mates), nor a remote cloud (its sessions are the server's to batch)."""
-    return getattr(pair, "remote", None) is None and (cfg.mode == "spec" or not cfg.sample)
+    return (getattr(pair, "remote", None) is None and getattr(pair, "cloud_down", None) is None
+            and (cfg.mode == "spec" or not cfg.sample))
 
 
 def rows_for(pair: Any, cfg: DecodingConfig, batch_size: int) -> int:

@@ -56,6 +56,9 @@ class ModelPair:
     # None: none, or fitted on another tokenizer (verify="meaning" is then the entropy gate). It runs
     # on the edge, so a remote cloud changes nothing. Set by pair.Pair after loading.
     gate: MeaningGate | None = None
+    # A --cloud URL that was down when the run started (its one-line error; settings.PairSpec): no
+    # cloud at all, every clip described on the edge alone and marked so (describe.Describer).
+    cloud_down: str | None = None
 
     @property
     def tokenizer(self):
@@ -76,17 +79,21 @@ def presets_file_for(edge_id: str | None) -> Path | None:
 
 def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "cpu",
               dtype: str = "float32", *, edge_device: str | None = None, cloud_device: str | None = None,
-              cloud_info: dict[str, Any] | None = None, cloud_timeout: float | None = None) -> ModelPair:
+              cloud_info: dict[str, Any] | None = None, cloud_timeout: float | None = None,
+              cloud_down: str | None = None) -> ModelPair:
     """Load edge and cloud (the bundled demo pair for any not given) and check they share a
     tokenizer before any decoding: speculative decoding compares token ids across models.
     `device` places both; `edge_device` / `cloud_device` place one each (a GPU each, or the
     edge on the CPU): token ids and logits rows cross between them, never hidden states.
     `cloud_info`: a remote cloud's /health as this run already read it (settings.PairSpec), so
     the server is asked once per run. `cloud_timeout`: seconds each request to a --cloud URL may
-    take in all (None: $SPECDEC_CLOUD_TIMEOUT, else 60)."""
+    take in all (None: $SPECDEC_CLOUD_TIMEOUT, else 60). `cloud_down`: the --cloud URL was down at
+    the start (its error): the edge alone is loaded."""
     edge_device, cloud_device = edge_device or device, cloud_device or device
     edge, cloud = with_demo(edge, cloud)
     processor = load_processor(edge)
+    if is_url(cloud) and cloud_down is not None:
+        return _edge_alone(edge, cloud, processor, edge_device, dtype, cloud_down)
     if is_url(cloud):
         return _remote_pair(edge, cloud, processor, edge_device, dtype, cloud_info, cloud_timeout)
     cloud_tok = processor.tokenizer if same_tokenizer_files(edge, cloud) else load_processor(cloud).tokenizer
@@ -139,6 +146,18 @@ def _remote_pair(edge: str, url: str, processor: AudioTextProcessor, device: str
     masks = Masks.for_tokenizer(processor.tokenizer, int(info["vocab"]))
     return ModelPair(edge_model, None, processor, masks, eos_ids_for(processor.tokenizer), edge,
                      client.model_id, remote=client)
+
+
+def _edge_alone(edge: str, url: str, processor: AudioTextProcessor, device: str, dtype: str,
+                why: str) -> ModelPair:
+    """The edge without its cloud (`url` was down at the start: `why`): the rules' masks at the
+    edge's own vocabulary width, the only one there is."""
+    from .decoding.processors import VocabMasks as Masks
+
+    edge_model = load_model(edge, device, dtype)
+    masks = Masks.for_tokenizer(processor.tokenizer, edge_model.get_output_embeddings().weight.shape[0])
+    return ModelPair(edge_model, None, processor, masks, eos_ids_for(processor.tokenizer), edge, url,
+                     cloud_down=why)
 
 
 # Set by `specdec --threads N`: the user's choice, which `one_thread_if_tiny` leaves alone.

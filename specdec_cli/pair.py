@@ -99,7 +99,8 @@ class Pair:
         self.spec = spec
         self.models: ModelPair = load_pair(spec.edge, spec.cloud, spec.device, spec.dtype,
                                            edge_device=spec.edge_device, cloud_device=spec.cloud_device,
-                                           cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout)
+                                           cloud_info=spec.cloud_info, cloud_timeout=spec.cloud_timeout,
+                                           cloud_down=spec.cloud_down)
         if self.models.remote is not None:
             self.models.remote.upload = spec.upload
         one_thread_if_tiny(self.models)
@@ -173,7 +174,8 @@ class Pair:
 
     def read(self, audio: Audio, rate: int | None = None, data: bytes | None = None) -> tuple[str, np.ndarray]:
         """A clip's name and its samples as the models hear them: a file (its `data` when read
-        elsewhere), a waveform ([frames] or [frames, channels] floats) at `rate`, or a segment of a
+        elsewhere), a waveform (audio.prepare_waveform: [frames], [frames, channels] or [channels,
+        frames]; floats, or integer PCM scaled by its type's range) at `rate`, or a segment of a
         long recording (a Piece from `segments`). Warns (LowSampleRate) when the clip is below the
         models' rate."""
         p = self.models.processor
@@ -226,7 +228,8 @@ class Pair:
     def describe(self, audio: Audio, rate: int | None = None, preset: str = "fluent",
                  on_block: Callable[[BlockEvent], None] | None = None, *, resolved: Settings | None = None,
                  **settings: Any) -> Result:
-        """Describe one clip: a file path, a waveform ([frames] or [frames, channels] floats) with
+        """Describe one clip: a file path, a waveform ([frames], [frames, channels] or [channels,
+        frames]; floats at full scale 1.0, or integer PCM such as int16, scaled by its type's range) with
         its `rate`, or a segment of a long recording (a Piece from `segments`: its record names the
         recording and where the segment is). `on_block(event)` is called as each block is decided.
         `resolved`: settings from `resolve()` (then `preset` and `settings` are not read)."""

@@ -96,9 +96,10 @@ def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarra
     (`segment`), `file` is the recording and the record ends with where the segment is."""
     extra = _context(pair, settings)
     extra["audio_s"] = round(len(audio) / pair.processor.sampling_rate, 3)
-    if pair.remote is not None and desc.link is not None:
-        # Counted at this end of the link: bytes up and down, round trips, time waiting.
-        extra.update(desc.link.as_record(), cloud_url=pair.remote.url)
+    if (pair.remote is not None or pair.cloud_down is not None) and desc.link is not None:
+        # Counted at this end of the link: bytes up and down, round trips, time waiting (none when
+        # the cloud was down from the start: cloud_url is then the address given).
+        extra.update(desc.link.as_record(), cloud_url=pair.remote.url if pair.remote is not None else pair.cloud_id)
         extra.update(fallback_fields(desc.result))
     cfg = settings.cfg
     if settings.rtt_ms is not None:

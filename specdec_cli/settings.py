@@ -248,14 +248,22 @@ class PairSpec:
     # (describe.CloudPolicy; "fail" and None: a failure is the clip's error, as before).
     on_cloud_failure: str = "fail"
     cloud_deadline: float | None = None
+    # A --cloud URL that could not be reached at the start, with on_cloud_failure "edge" (or a run
+    # that needs no cloud: --mode edge): its one-line error. The run then describes on the edge
+    # alone and marks every record (describe.Describer), instead of refusing to start (issue 44).
+    cloud_down: str | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
            presets: str | Path | None = None, *, edge_device: str | None = None,
            cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str = "lazy",
-           on_cloud_failure: str = "fail", cloud_deadline: float | None = None) -> PairSpec:
+           on_cloud_failure: str = "fail", cloud_deadline: float | None = None,
+           cloud_needed: bool = True) -> PairSpec:
         """Check what can be checked without loading (the dtype, the presets file, the model
-        folders) and ask a remote cloud who it is (CloudUnreachable, exit 2, when it is down)."""
+        folders) and ask a remote cloud who it is. A cloud that is down: with `on_cloud_failure`
+        "edge", or when the run needs no cloud (`cloud_needed` False: --mode edge), the spec says so
+        (`cloud_down`) and the run describes on the edge; else CloudUnreachable (exit 2), whose line
+        names `--mode edge`."""
         dtype_name(dtype)
         if cloud_timeout is not None:
             from .remote.exchange import cloud_timeout as checked_timeout
@@ -274,14 +282,24 @@ class PairSpec:
         edge_ref, cloud_ref = with_demo(edge, cloud)
         check_model(edge_ref, "edge")
         info = None
+        down = None
         if is_url(cloud_ref):
-            client = remote_client(cloud_ref, timeout_s=cloud_timeout)
-            client.close()
-            info = client.info
+            from .errors import one_line
+            from .remote.client import CloudUnreachable
+
+            try:
+                client = remote_client(cloud_ref, timeout_s=cloud_timeout)
+            except CloudUnreachable as exc:
+                if on_cloud_failure != "edge" and cloud_needed:
+                    raise CloudUnreachable(f"{one_line(exc)}; or describe on the edge alone: --mode edge") from None
+                down = one_line(exc)
+            else:
+                client.close()
+                info = client.info
         else:
             check_model(cloud_ref, "cloud")
         return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate, upload,
-                   on_cloud_failure, cloud_deadline)
+                   on_cloud_failure, cloud_deadline, down)
 
     @property
     def remote(self) -> bool:

@@ -65,10 +65,10 @@ def bad_corpus(root: Path) -> dict[str, tuple[Path, str]]:
 
 
 def specdec_exe() -> str:
-    """The installed console script of this venv (pip install -e .)."""
+    """The installed console script of this venv (pip install --config-settings editable_mode=compat -e .)."""
     exe = Path(sys.executable).parent / "specdec"
     if not exe.exists():
-        pytest.skip("the specdec console script is not installed (pip install -e .)")
+        pytest.skip("the specdec console script is not installed (pip install --config-settings editable_mode=compat -e .)")
     return str(exe)
 
 

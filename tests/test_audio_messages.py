@@ -144,16 +144,59 @@ def test_a_waveform_is_prepared_as_the_file_holding_it(tmp_path):
 def test_a_bad_waveform_is_refused_with_its_name():
     with pytest.raises(InputError) as info:
         audio.prepare_waveform(np.zeros((2, 3, 4)), SR, SR, MAX_S)
-    assert info.value.message == ("<waveform>: give samples as [frames] or [frames, channels] with a positive "
-                                  "rate, got shape (2, 3, 4) at 16000 Hz")
+    assert info.value.message == ("<waveform>: give samples as [frames], [frames, channels] or [channels, frames] "
+                                  "with a positive rate, got shape (2, 3, 4) at 16000 Hz")
     with pytest.raises(InputError) as info:
         audio.prepare_waveform(tone(0.5), 0, SR, MAX_S, name="mic")
-    assert info.value.message == ("mic: give samples as [frames] or [frames, channels] with a positive rate, "
-                                  "got shape (8000,) at 0 Hz")
+    assert info.value.message == ("mic: give samples as [frames], [frames, channels] or [channels, frames] with "
+                                  "a positive rate, got shape (8000,) at 0 Hz")
     with pytest.raises(InputError) as info:  # no header here: the length is only known from the samples
         audio.prepare_waveform(tone(31, sr=1000), 1000, SR, MAX_S, name="mic")
-    assert info.value.message == ("mic is 31.0 s long; the model takes at most 30 s per clip: add --segment to cut "
-                                  "it at pauses into segments of at most 30 s")
+    # the API's terms (issue 44): its caller has Pair.segments, not the command line's --segment
+    assert info.value.message == ("mic is 31.0 s long; the model takes at most 30 s per clip: cut it at pauses "
+                                  "with pair.segments(samples, rate=1000) and describe each piece")
+
+
+def _pcm_wav(path, ints: np.ndarray, width: int) -> None:
+    """A mono PCM WAV holding exactly these integer samples, by the standard library's wave module."""
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(width)
+        w.setframerate(SR)
+        w.writeframes(ints.astype(ints.dtype.newbyteorder("<")).tobytes())
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int32", "uint8"])
+def test_integer_samples_are_scaled_as_a_pcm_file_is_read(tmp_path, dtype):
+    """Issue 44: int16 samples were taken as floats (peaks near 10,000) and described as noise. The
+    oracle: libsndfile reading a WAV that holds the same integers."""
+    info = np.iinfo(dtype)
+    x = tone(0.5)
+    centre = 0 if info.min < 0 else (info.max + 1) // 2
+    ints = (np.round(x * (info.max - centre)) + centre).astype(dtype)
+    path = tmp_path / f"{dtype}.wav"
+    _pcm_wav(path, ints, np.dtype(dtype).itemsize)
+    ours = audio.prepare_waveform(ints, SR, SR, MAX_S)
+    np.testing.assert_allclose(ours, load_audio(path, SR, MAX_S), rtol=0, atol=1e-7)
+    np.testing.assert_allclose(ours, x, rtol=0, atol=1 / 128)  # full scale 1.0, as the tone was made
+
+
+def test_a_channels_first_array_is_downmixed_as_a_file_is():
+    """librosa's and torchaudio's layout, [channels, frames], was read as [frames, channels]: 2 frames,
+    "0.000 s long". The oracle: the same samples given frames-first."""
+    stereo = (0.3 * np.random.default_rng(1).standard_normal((SR // 2, 2))).astype(np.float32)
+    np.testing.assert_array_equal(audio.prepare_waveform(stereo.T, SR, SR, MAX_S),
+                                  audio.prepare_waveform(stereo, SR, SR, MAX_S))
+    assert audio.prepare_waveform(stereo.T, SR, SR, MAX_S).shape == (SR // 2,)
+
+
+def test_samples_that_are_not_numbers_are_refused():
+    with pytest.raises(InputError) as info:
+        audio.prepare_waveform(np.ones(SR, dtype=bool), SR, SR, MAX_S)
+    assert info.value.message == ("<waveform>: samples of dtype bool are not audio; give floats (full scale 1.0) "
+                                  "or integer PCM (int16, int32, uint8)")
 
 
 def test_empty_bytes_are_refused_like_an_empty_file(tmp_path, hint):

@@ -138,7 +138,7 @@ def test_plot_without_matplotlib_is_a_one_line_input_error(clip_path, models, tm
     monkeypatch.delitem(sys.modules, "specdec_cli.commands.plots", raising=False)
     result = invoke("describe", str(clip_path), *models, *DESCRIBE, "--plot", str(tmp_path / "t.png"))
     assert result.exit_code == 2
-    assert result.stderr.strip() == "error: plotting needs matplotlib: pip install 'specdec[plot]'"
+    assert result.stderr.strip() == "error: plotting needs matplotlib: pip install 'specdec-omni[plot]'"
 
 
 def test_plot_draws_a_real_trace(clip_path, models, tmp_path):
@@ -227,7 +227,7 @@ def test_keyboard_interrupt_exits_130(clip_path, models, monkeypatch):
     result = invoke("describe", str(clip_path), *models, *DESCRIBE)
     # Issue 36: Ctrl-C says what was done and what was not.
     assert result.exit_code == 130 and result.stderr.strip() == (
-        f"interrupted: 0 clips described and 0 failed before Ctrl-C (their lines are above); 1 of 1 clips not "
+        f"interrupted: 0 clips described and 0 failed before Ctrl-C (their lines are above); 1 of 1 clip not "
         f"finished, from {clip_path}")
 
 

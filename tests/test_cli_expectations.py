@@ -194,3 +194,19 @@ def test_describe_goes_on_past_a_failed_clip_and_exits_1(clips, tmp_path):
     assert second["file"] == str(silent) and "silent" in second["error"] and second["description"] is None
     assert f"error: {silent} is silent" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == "error: 1 of 2 clips failed (each said why above)"
+
+
+def test_a_bare_name_that_is_no_folder_is_a_wrong_path_not_a_hub_id(tmp_path, monkeypatch):
+    """Issue 44: Pair(edge="nope") spoke of the Hub (a Hub id not in the cache). A name without
+    owner/ that is no folder here is a wrong path; an owner/name id still goes to the Hub check."""
+    from specdec_cli.checkpoints import check_model
+    from specdec_cli.errors import ModelError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError) as info:
+        check_model("nope", "edge")
+    assert str(info.value) == ("no such edge folder: nope; check the path (or give a Hub id such as "
+                               "Qwen/Qwen2.5-Omni-3B)")
+    with pytest.raises(ModelError, match="Hub id that is not in the local cache"):
+        check_model("someone/not-cached-here", "edge")

@@ -288,7 +288,7 @@ EXAMPLES = all_examples()
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.where for e in EXAMPLES])
 def test_the_example_prints_what_the_guide_shows(example: Example, tmp_path: Path) -> None:
     if not (Path(sys.executable).parent / "specdec").exists():
-        pytest.skip("the specdec console script is not installed (pip install -e .)")
+        pytest.skip("the specdec console script is not installed (pip install --config-settings editable_mode=compat -e .)")
     report = drift_report(example, run_example(example, tmp_path))
     assert report is None, report
 
@@ -335,7 +335,7 @@ def test_the_readme_is_short() -> None:
 def test_the_docs_build_strictly(tmp_path: Path) -> None:
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
     if mkdocs is None:
-        pytest.skip("mkdocs is not installed in this environment (pip install -e '.[docs]'; `make test` does)")
+        pytest.skip("mkdocs is not installed in this environment (pip install --config-settings editable_mode=compat -e '.[docs]'; `make test` does)")
     proc = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
                           capture_output=True, text=True, encoding="utf-8", timeout=600,
                           env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))

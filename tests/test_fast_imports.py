@@ -95,13 +95,32 @@ def test_downmix_matches_librosa(tmp_path, channels):
     np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-6)
 
 
-def test_resampling_still_uses_librosa(tmp_path):
+@pytest.mark.parametrize("rate", [22050, 44100, 48000, 8000])
+def test_resampling_equals_librosas_default(tmp_path, rate):
+    """The resampler is librosa.resample's default (soxr_hq, fix=True), called without librosa:
+    the same samples, the same length, for rates down and up."""
     import librosa
     from cli_helpers import tone, write_clip
 
     from specdec_cli.audio import load_audio
 
-    path = write_clip(tmp_path / "c.wav", sr=22050, subtype="FLOAT")
+    path = write_clip(tmp_path / "c.wav", seconds=1.37, sr=rate, subtype="FLOAT")
     ours = load_audio(path, 16000, 30.0)
-    expected = librosa.resample(tone(sr=22050), orig_sr=22050, target_sr=16000)
+    expected = librosa.resample(tone(1.37, sr=rate), orig_sr=rate, target_sr=16000, res_type="soxr_hq")
+    assert ours.shape == expected.shape
     np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-6)
+
+
+def test_a_44k_clip_compiles_nothing(tmp_path):
+    """Issue 44: the first 44.1 kHz clip cost ~50 s, numba compiling librosa's helpers. Reading
+    and resampling a clip imports neither librosa nor numba (a fresh interpreter)."""
+    from cli_helpers import write_clip
+
+    path = write_clip(tmp_path / "phone.wav", sr=44100)
+    out = _python(f"""
+import sys
+from specdec_cli.audio import load_audio
+audio = load_audio({str(path)!r}, 16000, 30.0)
+print(len(audio), sorted(m for m in ("librosa", "numba", "llvmlite") if m in sys.modules))
+""")
+    assert out.strip().split(maxsplit=1) == ["16000", "[]"]

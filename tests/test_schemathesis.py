@@ -26,7 +26,7 @@ TOKEN = "schemathesis-" + "s" * 24
 SCHEMATHESIS = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
 
 
-@pytest.mark.skipif(SCHEMATHESIS is None, reason="schemathesis is not installed (pip install -e '.[dev]')")
+@pytest.mark.skipif(SCHEMATHESIS is None, reason="schemathesis is not installed (pip install --config-settings editable_mode=compat -e '.[dev]')")
 def test_schemathesis_finds_no_server_error_and_every_answer_as_documented(tmp_path):
     log = tmp_path / "serve.log"
     with Server(env={"SPECDEC_TOKEN": TOKEN}, log=log) as server:

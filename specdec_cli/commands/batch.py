@@ -13,7 +13,7 @@ import typer
 from ..errors import InputError, SpecdecError, printable
 from . import ui
 from .app import Interrupted
-from .describe import load, spec_of
+from .describe import cloud_down_note, load, spec_of
 from .options import (
     BATCH_DEADLINE_S,
     DECODING,
@@ -44,7 +44,7 @@ _R = "Ray (many processes or machines)"
 RayOpt = Annotated[str | None, typer.Option(
     "--ray", metavar="auto|ADDRESS", help="Spread the clips over Ray workers, each loading the pair once: auto starts "
     "a Ray on this machine for this run; ADDRESS joins a running cluster (what `ray start --head` prints). "
-    "Needs pip install 'specdec\\[ray]'.",  # the backslash keeps Rich from reading [ray] as markup
+    "Needs pip install 'specdec-omni\\[ray]'.",  # the backslash keeps Rich from reading [ray] as markup
     show_default=False, rich_help_panel=_R)]
 WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", min=1, help="Ray workers (default: one per CPU, or per --gpus-per-worker GPUs, of the cluster).",
@@ -106,7 +106,7 @@ def batch(
         raise InputError("--overwrite starts a results file over; --out - writes to stdout, which has nothing to "
                          "start over")
     spec = spec_of(models, decoding.presets_file, on_cloud_failure.value,
-                   cloud_deadline(deadline_s, on_cloud_failure, BATCH_DEADLINE_S))
+                   cloud_deadline(deadline_s, on_cloud_failure, BATCH_DEADLINE_S), decoding.given)
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)
     if segment:
         run = run.segmented()  # the results file says it holds segments: never mixed with whole clips
@@ -158,6 +158,8 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
     if not todo:
         return summary
     pair = load(spec, err) if ray_options is None else None  # a Ray driver loads no model
+    if pair is not None and run.cfg.mode != "edge":
+        cloud_down_note(err, pair)
     # Progress counts clips; with --segment, recordings (how many segments each has is known only
     # once it is read), each done when its last segment still to do has ended.
     units = {"unit": "recordings", "skipped_unit": "segments"} if segment else {}

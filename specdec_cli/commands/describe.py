@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..segments import Segment
     from ..settings import PairSpec
 
-PLOT_HINT = "plotting needs matplotlib: pip install 'specdec[plot]'"
+PLOT_HINT = "plotting needs matplotlib: pip install 'specdec-omni[plot]'"
 
 
 def plot_trace_fn():
@@ -51,23 +51,40 @@ def plot_trace_fn():
 
 
 def spec_of(models: Models, presets_file: Path | None, on_cloud_failure: str = "fail",
-            deadline_s: float | None = None) -> PairSpec:
+            deadline_s: float | None = None, given: dict[str, Any] | None = None) -> PairSpec:
     """The run's pair, resolved without loading (a bad path, dtype or presets file fails here)."""
     from ..settings import PairSpec
 
     return PairSpec.of(models.edge, models.cloud, models.device, models.dtype, presets_file,
                        edge_device=models.edge_device, cloud_device=models.cloud_device,
                        cloud_timeout=models.cloud_timeout, upload=models.upload,
-                       on_cloud_failure=on_cloud_failure, cloud_deadline=deadline_s)
+                       on_cloud_failure=on_cloud_failure, cloud_deadline=deadline_s,
+                       cloud_needed=_mode_given(given) != "edge")
 
 
-def load(spec: PairSpec, err: Any) -> Pair:
-    """The pair, loaded once, with a spinner on a terminal."""
+def _mode_given(given: dict[str, Any] | None) -> str | None:
+    """--mode as given (None: not given); --mode edge needs no cloud, so a down one does not stop it."""
+    mode = (given or {}).get("mode")
+    return None if mode is None else str(getattr(mode, "value", mode))
+
+
+def cloud_down_note(err: Any, pair: Pair) -> None:
+    """Said once, when the run starts: the --cloud URL is down, every clip goes to the edge alone
+    (each record's `fallback` is "unreachable")."""
+    why = pair.models.cloud_down
+    if why is not None:
+        err.print(f"warning: {why}; describing every clip on the edge alone (--on-cloud-failure edge): each "
+                  "record's fallback is \"unreachable\"", markup=False, style="yellow", soft_wrap=True)
+
+
+def load(spec: PairSpec, err: Any, spinner: bool = True) -> Pair:
+    """The pair, loaded once, with a spinner on a terminal (none with `spinner` False: --quiet and
+    --json draw nothing)."""
     from contextlib import nullcontext
 
     from ..pair import Pair
 
-    with err.status("loading models…") if err.is_terminal else nullcontext():
+    with err.status("loading models…") if err.is_terminal and spinner else nullcontext():
         return Pair.from_spec(spec)
 
 
@@ -119,15 +136,17 @@ def describe(
     overrides = explicit(**decoding.given)
     plot_trace = plot_trace_fn() if plot is not None else None
     spec = spec_of(models, decoding.presets_file, on_cloud_failure.value,
-                   cloud_deadline(deadline_s, on_cloud_failure, DESCRIBE_DEADLINE_S))
+                   cloud_deadline(deadline_s, on_cloud_failure, DESCRIBE_DEADLINE_S), decoding.given)
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
     try:
-        pair = load(spec, err)
+        pair = load(spec, err, spinner=not json_out and not quiet)
     except KeyboardInterrupt:
-        raise Interrupted(f"while the models loaded: none of the {len(clips)} clips was described") from None
+        raise Interrupted(f"while the models loaded: none of the {ui.clips(len(clips))} was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
+    if run.cfg.mode != "edge":
+        cloud_down_note(err, pair)
     views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
     show_trace = (err.is_terminal and views) if trace is None else trace and not quiet
     # The panel is for a person at a terminal: a pipe or a log gets it only when asked (--panel).
@@ -178,7 +197,7 @@ def describe(
                         raise
                     failure(clip, exc, where)
                     continue
-                if result.record.get("fallback") is not None:
+                if result.record.get("fallback") is not None and pair.models.cloud_down is None:
                     err.print(ui.fallback_note(label_of(clip, where), result.record), markup=False,
                               style="yellow", soft_wrap=True)
                 if show_trace and result.events:
@@ -200,7 +219,7 @@ def describe(
         # What Ctrl-C leaves: the sentences printed so far are whole; the clip in flight and the rest are not.
         what = "segments" if segment else "clips"
         raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
-                          f"{len(clips) - clips.index(clip)} of {len(clips)} clips not finished, from {clip}") from None
+                          f"{len(clips) - clips.index(clip)} of {ui.clips(len(clips))} not finished, from {clip}") from None
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)

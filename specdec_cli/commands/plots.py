@@ -1,6 +1,6 @@
 """Plots: the cost-quality frontier of an eval report, and one clip's decoding trace.
 
-matplotlib is an optional extra (`pip install 'specdec[plot]'`), imported only when a plot is
+matplotlib is an optional extra (`pip install 'specdec-omni[plot]'`), imported only when a plot is
 asked for; a missing install becomes a one-line InputError. Figures are drawn on the Agg canvas
 directly (no pyplot), so plotting never touches a global backend or opens a window.
 """
@@ -29,7 +29,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InputError("plotting needs matplotlib: pip install 'specdec[plot]'") from None
+        raise InputError("plotting needs matplotlib: pip install 'specdec-omni[plot]'") from None
 
 
 def _figure(width: float, height: float):

@@ -48,7 +48,7 @@ def serve(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request (--log-level warning).")] = False,
     replicas: Annotated[int | None, typer.Option(min=1, help="Serve N replicas of the cloud on Ray Serve behind one "
                                                  "address, each session's requests routed to one replica "
-                                                 "(default with --ray: 2). Needs pip install 'specdec\\[serve]'.",
+                                                 "(default with --ray: 2). Needs pip install 'specdec-omni\\[serve]'.",
                                                  show_default=False)] = None,
     ray: Annotated[str | None, typer.Option(metavar="auto|ADDRESS", help="Where the replicas run: auto starts a Ray "
                                             "on this machine; ADDRESS joins a cluster (what `ray start --head` "

@@ -378,6 +378,7 @@ class LinkTally:
     def __init__(self) -> None:
         self.clips = self.silent = self.up = self.down = self.trips = 0
         self.wait_s = 0.0
+        self.fell_back = 0
 
     def add(self, record: dict) -> None:
         if record.get("error") is not None or "uplink_bytes" not in record:
@@ -388,11 +389,14 @@ class LinkTally:
         self.down += record["downlink_bytes"]
         self.trips += record["round_trips"]
         self.wait_s += record["cloud_wait_s"]
+        self.fell_back += record.get("fallback") is not None
 
     def line(self) -> str:
         # Said as CloudFreeTally says it: "0 of 9 clips sent nothing (0%)" read as a double negative.
-        kept = (f"every one of {self.clips} clips went up" if not self.silent else
-                f"{self.silent} of {self.clips} clips ({self.silent / self.clips:.0%}) never went up")
+        kept = (f"every one of {clips(self.clips)} went up" if not self.silent else
+                f"{self.silent} of {clips(self.clips)} ({self.silent / self.clips:.0%}) never went up")
+        if self.fell_back:  # "every one went up" beside "30 finished on the edge" read as a contradiction
+            kept += f" ({self.fell_back} then finished on the edge alone)"
         return (f"cloud link: {kept} · {_size(self.up)} up · {_size(self.down)} down · {self.trips} round trips · "
                 f"{self.wait_s:.2f} s waiting on the cloud")
 
@@ -412,9 +416,14 @@ class CloudFreeTally:
 
     def line(self) -> str:
         if not self.free:  # "no cloud: 0 of 12 clips never reached the cloud" read as a double negative
-            return f"cloud-free: none of {self.clips} clips; every one reached the cloud"
-        return (f"cloud-free: {self.free} of {self.clips} clips ({self.free / self.clips:.0%}) never reached the "
+            return f"cloud-free: none of {clips(self.clips)}; every one reached the cloud"
+        return (f"cloud-free: {self.free} of {clips(self.clips)} ({self.free / self.clips:.0%}) never reached the "
                 "cloud")
+
+
+def clips(n: int) -> str:
+    """"1 clip", "2 clips": a count as a person says it."""
+    return f"{n} clip" if n == 1 else f"{n} clips"
 
 
 def fallback_note(label: str, record: dict) -> str:
@@ -445,7 +454,8 @@ class FallbackTally:
 
     def line(self, retry_hint: str) -> str:
         why = ", ".join(f"{n} {word}" for word, n in sorted(self.failures.items()))
-        return (f"edge alone: {self.fell_back} of {self.clips} clips were finished on the edge because the cloud "
+        return (f"edge alone: {self.fell_back} of {clips(self.clips)} {'was' if self.fell_back == 1 else 'were'} "
+                "finished on the edge because the cloud "
                 f"failed ({why}){retry_hint}")
 
 

@@ -273,7 +273,10 @@ class RemoteClient:
             if answer.status < 400 or answer.status == 404:  # 404: the session had ended already
                 return
             why = f"{answer.status} {_error_text(answer)}"
-        log.warning("%s %s%s (not waited for) failed: %s", method, self.url, path, why)
+        # Debug, not warning: a request nobody waits for (closing a session) failing changes no result
+        # (the server expires the session), and with no handler set a warning reached the user's
+        # stderr as an internal line (issue 44).
+        log.debug("%s %s%s (not waited for) failed: %s", method, self.url, path, why)
 
     # -- requests ---------------------------------------------------------------------------------
 

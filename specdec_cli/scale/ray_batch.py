@@ -53,7 +53,7 @@ from typing import Any, Protocol
 from .. import __version__
 from ..errors import InputError, SpecdecError, one_line
 
-INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec[ray]'"
+INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec-omni[ray]'"
 
 DEPTH = 2                # tasks handed to one worker at a time: one decoding, one waiting
 MAX_RESTARTS = 16        # how often Ray restarts one worker process that died (per worker, per run)

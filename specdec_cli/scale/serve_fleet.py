@@ -49,7 +49,7 @@ from ..errors import InputError, SpecdecError, one_line
 from ..remote import access_log, server, wire
 from .ray_batch import LOOPBACK_ENV, OBJECT_STORE_BYTES, check_reachable, private_local_ray, ray_environment
 
-INSTALL_HINT = "--replicas and --ray need Ray Serve, which is not installed: pip install 'specdec[serve]'"
+INSTALL_HINT = "--replicas and --ray need Ray Serve, which is not installed: pip install 'specdec-omni[serve]'"
 APP = "specdec"                       # the Ray Serve application's name
 BOARD = "specdec-fleet-board"         # the FleetBoard actor's name
 ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
