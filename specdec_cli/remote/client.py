@@ -609,8 +609,11 @@ class RemoteCloud:
             assert sequence[:p] == self.prompt_ids, "the sequence must start with the clip's prompt"
             return wire.VerifyRequest(draft, session=self.session_id, clip=self._clip_message(),
                                       config=config_dict(self.cfg), pending=sequence[p:], sampling=sampling)
+        # Protocol 3: the prefix this verification assumes the session holds, by length and digest
+        # (the server refuses it, unchanged, if the session holds anything else).
+        prefix = wire.prefix_digest(sequence[len(self.prompt_ids):self.held])
         return wire.VerifyRequest(draft, session=self.session, held=self.held, pending=sequence[self.held:],
-                                  sampling=sampling)
+                                  sampling=sampling, prefix=prefix)
 
     def rollback(self, length: int) -> None:
         # The server cut its cache to the verdict's prefix in the same request; nothing to send.
