@@ -131,3 +131,33 @@ def test_the_prefix_digest_is_of_the_tokens_in_order():
     assert wire.prefix_digest([1, 2]) != wire.prefix_digest([2, 1])
     assert wire.prefix_digest([1, 2]) != wire.prefix_digest([1, 2, 0])
     assert wire.prefix_digest(np.array([5, 6]).tolist()) == wire.prefix_digest([5, 6])
+
+
+def test_a_clip_counts_its_verifications_refusals_and_discarded_forwards(server, clip):
+    """Issue 43, item 4. Oracles: the in-process run of each sample (one verification per
+    escalation, nothing refused, every verdict used) and a request built wrong by hand (one sent,
+    one refused)."""
+    from specdec_cli.remote.client import LinkStats, SessionLost
+
+    local, remote = Describer(load_pair()), Describer(load_pair(None, server.url))
+    try:
+        cfg = DecodingConfig().with_(verify="always", k=K)
+        for path in sorted((ROOT / "samples").glob("*.wav"))[:3]:
+            audio = load_audio(path, 16000, 30.0)
+            here, there = local.run(audio, cfg), remote.run(audio, cfg)
+            assert there.result.tokens == here.result.tokens
+            record = there.link.as_record()
+            assert (record["verifications"], record["out_of_sync"], record["discarded_forwards"]) == \
+                (here.result.stats.escalations, 0, 0), path.name
+        # a verification that assumes a prefix the session does not hold: sent, refused, counted
+        message, prompt_len, truth = clip
+        first = verdict(post(server.url, wire.VerifyRequest(list(truth[:K]), clip=message,
+                                                            config=config_dict(DecodingConfig()))))
+        link = LinkStats()
+        wrong = wire.VerifyRequest([truth[K + 1]], session=first["session"], held=first["held"] + 1,
+                                   pending=[truth[K]], prefix=wire.prefix_digest(list(truth[:K + 1])))
+        with pytest.raises(SessionLost, match="unchanged"):
+            remote.pair.remote.call("POST", "/v1/verify", wrong, wire.VerifyResponse, link)
+        assert (link.verifications, link.out_of_sync, link.round_trips) == (1, 1, 1)
+    finally:
+        remote.pair.remote.close()
