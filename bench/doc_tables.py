@@ -411,6 +411,18 @@ def _link_clients(pair: str, mode: str) -> Callable[..., list[str]]:
     return render
 
 
+def link_model(run: dict[str, Any]) -> list[str]:
+    """docs/pipelining.md: bench/link_model.py's modelled time per clip (ms) over a link at the real
+    shapes, cloud-only against D verifications in flight, each at its best block length k."""
+    rows = ["| a | edge 3B | round trip | cloud-only | D = 1 (today) | D = 2 | D = 3 | D = 4 | best D / cloud-only |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in run["rows"]:
+        cells = " | ".join(f"{r[f'd{d}_ms']:.0f} (k {r[f'd{d}_k']})" for d in (1, 2, 3, 4))
+        rows.append(f"| {r['acceptance']:g} | {r['edge']} | {r['rtt_ms']} ms | {r['cloud_only_ms']:.0f} | {cells} | "
+                    f"{r['best_x_cloud']:.2f}× (D = {r['best_d']}) |")
+    return rows
+
+
 def link_goal(run: dict[str, Any]) -> list[str]:
     """docs/pipelining.md: the demo pair's presets against cloud-only per clip at +50 ms, each client."""
     row = run["pairs"]["demo"]["remote"]["50ms"]
@@ -936,6 +948,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")
        for mode in ("fluent", "quality", "frugal")},
     "link_goal": link_goal,
+    "link_model": link_model,
     "capacity": capacity,
     "demo_goals": demo_goals,
     "demo_goals_settings": demo_goals_settings,

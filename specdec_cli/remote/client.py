@@ -130,6 +130,13 @@ class LinkStats:
     round_trips: int = 0
     cloud_wait_s: float = 0.0    # wall time waiting on the cloud (link + queue + its forwards)
     rebuilds: int = 0            # sessions the server had lost and the client rebuilt
+    # Protocol 3 (issue 43): what several verifications in flight would cost, counted already with
+    # one. `verifications`: /v1/verify requests sent (every attempt); `out_of_sync`: of them, refused
+    # because the prefix they assumed was not the session's (409 out_of_sync: no forward run);
+    # `discarded_forwards`: cloud forwards in verdicts this clip received and did not use.
+    verifications: int = 0
+    out_of_sync: int = 0
+    discarded_forwards: int = 0
 
     def as_record(self) -> dict[str, Any]:
         d = asdict(self)
@@ -324,9 +331,11 @@ class RemoteClient:
                 link.cloud_wait_s += time.perf_counter() - started
                 link.round_trips += 1
                 link.uplink_bytes += _request_bytes(request, body)
+                link.verifications += path == "/v1/verify"
             if answer is not None:
                 self._down = False
                 link.downlink_bytes += answer.wire_bytes
+                link.out_of_sync += answer.status == 409 and _error_code(answer) == "out_of_sync"
                 upstream_lost = answer.status in UPSTREAM_LOST and not _error_code(answer)
                 if answer.status != 503 and not upstream_lost:
                     self._raise_for(answer, path)
@@ -612,8 +621,11 @@ class RemoteCloud:
             assert sequence[:p] == self.prompt_ids, "the sequence must start with the clip's prompt"
             return wire.VerifyRequest(draft, session=self.session_id, clip=self._clip_message(),
                                       config=config_dict(self.cfg), pending=sequence[p:], sampling=sampling)
+        # Protocol 3: the prefix this verification assumes the session holds, by length and digest
+        # (the server refuses it, unchanged, if the session holds anything else).
+        prefix = wire.prefix_digest(sequence[len(self.prompt_ids):self.held])
         return wire.VerifyRequest(draft, session=self.session, held=self.held, pending=sequence[self.held:],
-                                  sampling=sampling)
+                                  sampling=sampling, prefix=prefix)
 
     def rollback(self, length: int) -> None:
         # The server cut its cache to the verdict's prefix in the same request; nothing to send.

@@ -5,6 +5,7 @@ against is the one published, constraints included, so a tool that reads the doc
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import msgspec
@@ -40,6 +41,11 @@ def document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         [wire.VerifyRequest, wire.VerifyResponse, wire.GenerateRequest, wire.GenerateResponse, wire.ErrorBody,
          wire.Health, wire.Closed, wire.OpenRequest, wire.Opened], ref_template=_REF)
+    # Docstrings as inspect.cleandoc gives them: msgspec versions differ in whether they dedent
+    # them, and docs/openapi.json must be the same document whichever one built it.
+    for schema in components.values():
+        if "description" in schema:
+            schema["description"] = inspect.cleandoc(schema["description"])
     json_of = lambda name: {"application/json": {"schema": {"$ref": _REF.format(name=name)}}}  # noqa: E731
     paths = {
         "/health": {"get": {

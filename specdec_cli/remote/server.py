@@ -204,6 +204,8 @@ class Metrics:
         self.opened = Counter("specdec_sessions_opened", "Sessions opened", registry=r)
         self.ended = Counter("specdec_sessions_ended", "Sessions ended, by why", ["reason"], registry=r)
         self.verifications = Counter("specdec_verifications", "Drafts verified", registry=r)
+        self.out_of_sync = Counter("specdec_verifications_out_of_sync", "Verifications refused before any forward: "
+                                   "the prefix they assume is not the session's (409 out_of_sync)", registry=r)
         self.generations = Counter("specdec_generations", "Cloud-only descriptions", registry=r)
         self.tokens = Counter("specdec_tokens_scored", "Tokens run through the model (prompts included)",
                               registry=r)
@@ -623,58 +625,94 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         check_ids(req.pending, "pending")
         if req.sampling is not None and not (len(req.sampling.p_draft) == len(req.sampling.u) == k):
             raise ApiError(400, "bad_request", "sampling needs one p_draft and one u per draft token")
-        if req.session is None or req.clip is not None:
-            if req.clip is None or req.config is None:
-                raise ApiError(400, "bad_request", "a new session needs the clip and the config")
-            cfg = config_of(req.config, "spec")
-            prompt = list(req.clip.prompt_ids)
-            sequence_len = len(prompt) + len(req.pending)
-            session = None
-        else:
-            session = sessions.get(req.session, owner)
-            held = len(session.cloud)
-            if req.held != held:
-                raise ApiError(409, "out_of_sync", f"the session holds {held} tokens, the client said {req.held}; "
-                                                   "rebuild it")
-            sequence_len = held + len(req.pending)
-            if not req.pending and session.cloud.state.last_logits is None:
-                raise ApiError(400, "bad_request", "the session was cut back to a prefix; send the token that "
-                                                   "follows it (the recovered one) in pending")
-        if sequence_len + k > hosted.context:
-            raise ApiError(400, "too_long", f"{sequence_len + k} tokens are over the model's context ({hosted.context})")
-
-        if session is None:
-            assert req.clip is not None
-            session = await new_session(owner, req.clip, cfg, prompt, prefill=False, sid=req.session)
-            sequence = prompt + list(req.pending)
-        else:
-            sequence = session.cloud.state.ids + list(req.pending)
-        session.busy = True
-        try:
-            verdict = await verify_now(batching.Job(session, sequence, req))
-        except ApiError:
-            raise
-        except asyncio.CancelledError:
-            # Its client has gone: nobody will send the next draft; a session it was opening, or
-            # one whose state the client will never learn, is not kept.
-            session.busy = False
-            if sessions.abandon(session.id, owner):
-                metrics.cancelled.labels("session").inc()
-            raise
-        except Exception:
-            # It failed alone too: the session's state is unknown; end it (the client rebuilds).
-            session.busy = False
-            sessions.close(session.id, owner)
-            raise
-        finally:
-            session.busy = False
-            session.last_used = time.monotonic()
-        if verdict.ended:
-            sessions.end(session.id)
+        # (one function, not one per path: a crash's logged traceback stays as short as it was)
+        async with contextlib.AsyncExitStack() as turn:
+            if req.session is None or req.clip is not None:
+                if req.clip is None or req.config is None:
+                    raise ApiError(400, "bad_request", "a new session needs the clip and the config")
+                cfg = config_of(req.config, "spec")
+                prompt = list(req.clip.prompt_ids)
+                if len(prompt) + len(req.pending) + k > hosted.context:
+                    raise ApiError(400, "too_long", f"{len(prompt) + len(req.pending) + k} tokens are over the "
+                                                    f"model's context ({hosted.context})")
+                session = await new_session(owner, req.clip, cfg, prompt, prefill=False, sid=req.session)
+                # Its turn taken before anything can await: a verification of it sent before this
+                # verdict (protocol 3) waits behind this one instead of reading a cache being filled.
+                await session.turn.acquire()  # (a fresh lock: taken at once, no suspension)
+                turn.callback(session.turn.release)
+                sequence = prompt + list(req.pending)
+            else:
+                # Protocol 3: one session's verifications run in arrival order, each checked against
+                # the session as the ones before it left it (a client may send the next one before
+                # this verdict).
+                session = sessions.get(req.session, owner, queue=True)
+                session.queued += 1
+                try:
+                    await session.turn.acquire()
+                finally:
+                    session.queued -= 1
+                turn.callback(session.turn.release)
+                session = sessions.get(req.session, owner)  # still open (it may have ended meanwhile)
+                check_assumption(session, req)
+                sequence_len = len(session.cloud) + len(req.pending)
+                if not req.pending and session.cloud.state.last_logits is None:
+                    raise ApiError(400, "bad_request", "the session was cut back to a prefix; send the token that "
+                                                       "follows it (the recovered one) in pending")
+                if sequence_len + k > hosted.context:
+                    raise ApiError(400, "too_long", f"{sequence_len + k} tokens are over the model's context "
+                                                    f"({hosted.context})")
+                sequence = session.cloud.state.ids + list(req.pending)
+            session.busy = True
+            try:
+                verdict = await verify_now(batching.Job(session, sequence, req))
+            except ApiError:
+                raise
+            except asyncio.CancelledError:
+                # Its client has gone: nobody will send the next draft; a session it was opening, or
+                # one whose state the client will never learn, is not kept.
+                session.busy = False
+                if sessions.abandon(session.id, owner):
+                    metrics.cancelled.labels("session").inc()
+                raise
+            except Exception:
+                # It failed alone too: the session's state is unknown; end it (the client rebuilds).
+                session.busy = False
+                sessions.close(session.id, owner)
+                raise
+            finally:
+                session.busy = False
+                session.last_used = time.monotonic()
+            if verdict.ended:
+                sessions.end(session.id)
+            # The token the next verification must start with, where the server drew it (a sampled
+            # rejection's token the client draws from the row this answer carries).
+            session.owed = verdict.token if verdict.target_row is None and verdict.token >= 0 else None
         metrics.verifications.inc()
         metrics.tokens.inc(verdict.fed + verdict.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
         return answer(request, verdict)
+
+    def check_assumption(session: CloudSession, req: wire.VerifyRequest) -> None:
+        """409 out_of_sync, before any forward and with the session unchanged, unless the request's
+        assumed prefix is the session's verified one: its length, the digest of its answer tokens
+        (when the request names one: protocol 3's client always does) and the token the last
+        verdict gave at the head of `pending` (where the server drew it)."""
+        held = len(session.cloud)
+        unchanged = "nothing was run and the session is unchanged; send it again after the verdicts before it"
+        if req.held != held:
+            metrics.out_of_sync.inc()
+            raise ApiError(409, "out_of_sync", f"the session holds {held} tokens, the client said {req.held}; "
+                                               f"{unchanged}, or rebuild the session")
+        if req.prefix is None:
+            return
+        if req.prefix != wire.prefix_digest(session.cloud.state.ids[session.prompt_len:held]):
+            metrics.out_of_sync.inc()
+            raise ApiError(409, "out_of_sync", f"the session's {held} tokens are not the ones the request assumes "
+                                               f"(digest); {unchanged}")
+        if session.owed is not None and req.pending[:1] != [session.owed]:
+            metrics.out_of_sync.inc()
+            raise ApiError(409, "out_of_sync", "the request does not start with the token the last verdict gave; "
+                                               f"{unchanged}")
 
     async def generate(request: Request) -> Response:
         owner = owner_of(request)

@@ -34,6 +34,16 @@ class CloudSession:
     prompt_len: int
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
+    # Protocol 3 (issue 43): the token the last verdict gave, which the next verification must
+    # start its pending with (None: no verdict yet, or a sampled rejection, whose token the client
+    # draws); the session's verifications take turns in arrival order (`turn`, FIFO), at most
+    # MAX_QUEUED waiting behind the one running (`queued`).
+    owed: int | None = None
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queued: int = 0
+
+
+MAX_QUEUED = 4  # verifications of one session waiting for its turn (beyond that: 409 session_busy)
 
 
 class Sessions:
@@ -56,14 +66,19 @@ class Sessions:
         for sid in [s.id for s in self._open.values() if not s.busy and now - s.last_used > self.ttl_s]:
             self._drop(sid, "ttl")
 
-    def get(self, sid: str, owner: int) -> CloudSession:
+    def get(self, sid: str, owner: int, queue: bool = False) -> CloudSession:
         """The caller's session; unknown, expired or another token's are all 'unknown' (a session
-        id of another token is not confirmed to exist)."""
+        id of another token is not confirmed to exist). A busy one is 409 session_busy, unless
+        `queue` (a verification, which waits for its turn: at most MAX_QUEUED waiting)."""
         self.expire()
         session = self._open.get(sid)
         if session is None or session.owner != owner:
             raise _unknown(sid)
-        if session.busy:
+        if queue:
+            if session.queued >= MAX_QUEUED:
+                raise ApiError(409, "session_busy", f"{MAX_QUEUED} verifications of this session are waiting "
+                                                    "already; wait for a verdict")
+        elif session.busy:
             raise ApiError(409, "session_busy", "this session is already verifying; send one request at a time")
         self._open.move_to_end(sid)
         return session

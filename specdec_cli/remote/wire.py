@@ -27,7 +27,11 @@ from ..audio import MAX_PEAK
 
 # 2: the client names its sessions (a request carrying the clip opens the session under the id it
 # gives, so that a session-affine router places the first request where the rest will follow).
-PROTOCOL = 2
+# 3: a verification names the prefix it assumes (`held` and `prefix`, a digest of its tokens); the
+# server runs one session's verifications in order, and refuses one whose assumption is not the
+# session's verified prefix as out of sync, with no forward and the session unchanged (issue 43:
+# the groundwork for several verifications in flight per clip).
+PROTOCOL = 3
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 
@@ -44,6 +48,7 @@ MAX_NEW_TOKENS = 4096       # a config may not ask the server for more than this
 MAX_TOKENS = 1 << 20        # ids in one list (the model's context bounds it further)
 MAX_TEXT = 4096             # characters of an instruction or system turn
 MAX_SESSION_ID = 64         # a session id is 22 characters (128 random bits, base64url)
+PREFIX_PATTERN = r"^[0-9a-f]{16}$"  # a prefix digest (prefix_digest)
 # A session id a client may choose: URL-safe base64 of at least 128 random bits (what
 # `secrets.token_urlsafe(16)` gives, and what the server mints when the client names none).
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{22,64}$"
@@ -109,7 +114,13 @@ class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     With `clip` it opens a session (`config` is then required, and `pending` is the answer accepted
     so far; the prompt comes from the clip): under the id `session` when given (the client's,
     matching SESSION_ID_PATTERN; one the same token holds is replaced: a rebuild), else under one
-    the server mints. Without `clip`, `session` names the session to verify in."""
+    the server mints. Without `clip`, `session` names the session to verify in, and the request
+    names the prefix it assumes the session holds: `held` tokens (prompt included) whose answer
+    part (the tokens after the prompt) has the digest `prefix` (prefix_digest), followed by
+    `pending`, whose first token must be the one the session's last verdict gave (where the server
+    drew it: not after a sampled rejection, whose token the client draws). A request whose
+    assumption does not hold is refused (409 out_of_sync) before any forward, the session
+    unchanged. Without `prefix` only `held` is checked (what protocol 2 checked)."""
     draft: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_DRAFT)]
     session: Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID)] | None = None
     clip: Clip | None = None
@@ -117,6 +128,8 @@ class VerifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     held: Count = 0
     pending: TokenIds = []
     sampling: Sampling | None = None
+    prefix: Annotated[str, Meta(pattern=PREFIX_PATTERN, description="prefix_digest of the answer tokens the "
+                                "session holds, as the client assumes them")] | None = None
 
 
 class OpenRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -359,6 +372,17 @@ def dense_row(row: SparseRow) -> np.ndarray:
     out = np.zeros(row.width, dtype=np.float32)
     out[np.frombuffer(row.index, dtype="<i4")] = np.frombuffer(row.value, dtype="<f4")
     return out
+
+
+# -- prefixes ---------------------------------------------------------------------------------------
+
+def prefix_digest(tokens: list[int]) -> str:
+    """The digest a verification names its assumed prefix by: SHA-256 of the answer's token ids
+    (the tokens after the prompt) as little-endian int64, its first 64 bits in hex. The whole answer
+    rather than the tokens since the last verdict: the server then needs no record of which
+    verdict the client had seen, and hashing a few thousand ids costs microseconds. 64 bits: a
+    stale request matches by chance with probability 2^-64."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
 # -- fingerprints -----------------------------------------------------------------------------------
