@@ -317,7 +317,8 @@ def test_describe_with_the_server_down_says_so_in_one_line_and_exits_2():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = run("describe", str(SAMPLES[0]), "--cloud", f"http://127.0.0.1:{port}")
+    # (under the default --on-cloud-failure edge the edge describes it instead: tests/test_cloud_down.py)
+    out = run("describe", str(SAMPLES[0]), "--cloud", f"http://127.0.0.1:{port}", "--on-cloud-failure", "fail")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith(f"error: cannot reach the cloud at http://127.0.0.1:{port} (")
@@ -399,11 +400,11 @@ def test_batch_with_the_server_gone_records_errors_and_resume_retries_them(tmp_p
         second.kill()
         _, err = p.communicate(timeout=120)
         code = p.returncode
-    # Down at start: run_settings needs the server's identity, so the batch is refused at once
-    # (exit 2) and the file is left as it is.
+    # Down at start under --on-cloud-failure fail: the batch is refused at once (exit 2) and the
+    # file is left as it is.
     before = out.read_bytes()
     refused = run("batch", str(clips), "--out", str(out), "--preset", "quality", "--cloud", f"http://127.0.0.1:{port}",
-                  env=env)
+                  "--on-cloud-failure", "fail", env=env)
     assert refused.returncode == 2 and "cannot reach the cloud" in refused.stderr and out.read_bytes() == before
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert code == 1 and "failed" in err
