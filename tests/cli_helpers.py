@@ -3,6 +3,7 @@ installed `specdec` command. (The fixtures are in cli_fixtures.py.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -15,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+
+_REPO = Path(__file__).resolve().parents[1]
 
 SR = 16000
 # Small enough to keep every run of the tiny pair well under a second.
@@ -186,3 +189,16 @@ def report_matches_presets(report: dict, text: str) -> None:
     assert g["weights"] == len(data["gate"]["ids"])
     assert f"within {g['points']:g} point(s)" in data["frugal"]["description"]
     assert ("--margin" in data["frugal"]["description"]) is (g["margin"] != 1.0)
+
+
+def bench_module(name: str):
+    """A bench script as a module (bench/ on the path, as when it runs)."""
+    sys.path.insert(0, str(_REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"{name}_bench", _REPO / f"bench/{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(_REPO / "bench"))

@@ -6,7 +6,6 @@ The `gpu` tests run the same script on CUDA and are skipped without a device."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,22 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def bench_module(name: str):
-    """A bench script as a module (bench/ on the path, as when it runs)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / f"bench/{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
 
 
 def run_gpu_bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
