@@ -3,12 +3,8 @@ worked out by hand from the recursion in its docstring."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from cli_helpers import bench_module
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
