@@ -121,15 +121,16 @@ def clip_dirs(work: Path, clips: int, cal_start: int, meas_start: int) -> dict[s
     return dirs
 
 
-def bench_pair(edge: Path | None, noised: float | None, tmp: Path) -> ModelPair:
+def bench_pair(edge: Path | None, noised: float | None, tmp: Path, cloud: Path | None = None) -> ModelPair:
     """The pair a bench measures: the bundled demo pair, with `edge` (a checkpoint folder) or the
     noised pair's edge (bench/link.py: the bundled cloud plus `noised` x each tensor's std of noise,
-    written under `tmp`) in place of the demo edge."""
+    written under `tmp`) in place of the demo edge, and `cloud` (a checkpoint folder) in place of
+    the demo cloud (a pair not yet bundled, e.g. demo pair v4 before it ships)."""
     if noised is not None:
         from link import noised_copy  # bench/link.py, beside this file
 
         edge = noised_copy(Path(demo_pair()[1]), tmp / "noised-edge", noised)
-    return load_pair(str(edge) if edge else None)
+    return load_pair(str(edge) if edge else None, str(cloud) if cloud else None)
 
 
 def text_of(pair: ModelPair, ids: list[int]) -> str:

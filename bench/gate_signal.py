@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cal-start", type=int, default=200)
     ap.add_argument("--meas-start", type=int, default=300)
     ap.add_argument("--edge", type=Path, help="an edge checkpoint folder instead of the bundled demo edge")
+    ap.add_argument("--cloud", type=Path, help="a cloud checkpoint folder instead of the bundled demo cloud")
     ap.add_argument("--noised-edge", type=float, metavar="SCALE", help="the noised pair (bench/link.py's)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--probe-clips", type=int, default=0,
@@ -361,11 +362,12 @@ def main(argv: list[str] | None = None) -> None:
                                     (dirs["measurement"], args.clips, args.meas_start)):
             if not (directory / "labels.jsonl").is_file():
                 write_heldout(directory, n, start)
-        pair = bench_pair(args.edge, args.noised_edge, Path(tmp))
+        pair = bench_pair(args.edge, args.noised_edge, Path(tmp), args.cloud)
         gate = load_gate(pair.presets_file, tokenizer_fingerprint(pair.tokenizer))
         result = {"edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
                            if args.noised_edge is not None else f"the edge in {args.edge}" if args.edge
                            else "the bundled demo edge"),
+                  "cloud": f"the cloud in {args.cloud}" if args.cloud else "the bundled demo cloud",
                   "gate": "the presets file's [gate] table" if gate is not None else None,
                   "sets": {name: f"held-out clips from {start}, as many as {directory}/labels.jsonl lists"
                            for (name, directory), start in zip(dirs.items(), (args.cal_start, args.meas_start),
