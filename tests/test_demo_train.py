@@ -156,3 +156,13 @@ def test_distilled_state_refuses_another_teacher(corpus, tiny_teacher, tmp_path)
     build_model(replace(TINY, seed=6), build_qwen_style_tokenizer()).save_pretrained(other)
     with pytest.raises(SystemExit, match="another teacher"):
         train("d", DISTILLED, tmp_path / "run", corpus, teacher_dir=other, **kw)
+
+
+def test_a_shortened_schedule_keeps_the_onpolicy_phase_at_the_same_fraction():
+    from specdec_cli.demo.train import RECIPES, shortened
+
+    r = shortened(RECIPES["edge_v4"], 1000)  # 2500 steps, on-policy from 1250, a round every 250
+    assert (r.steps, r.eval_every) == (1000, 500)
+    assert (r.distill["onpolicy_from"], r.distill["round_every"]) == (500, 100)
+    assert RECIPES["edge_v4"].distill["onpolicy_from"] == 1250  # the recipe itself is untouched
+    assert shortened(RECIPES["cloud_v4"], 100).distill is None and shortened(RECIPES["cloud_v4"], 100).eval_every == 100

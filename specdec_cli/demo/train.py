@@ -750,6 +750,17 @@ def export(run_dir: Path, out: Path) -> dict:
     return {"step": st["step"], "params": st["params"], "folder": str(out)}
 
 
+def shortened(recipe: Recipe, steps: int) -> Recipe:
+    """`recipe` on a schedule of `steps`: the cosine ends there, and a distilled recipe's on-policy
+    phase starts at the same fraction of the schedule (else a short pilot would never reach it)."""
+    distill = recipe.distill
+    if distill and "onpolicy_from" in distill:
+        frac = distill["onpolicy_from"] / recipe.steps
+        distill = {**distill, "onpolicy_from": round(frac * steps),
+                   "round_every": max(1, round(distill["round_every"] * steps / recipe.steps))}
+    return dataclasses.replace(recipe, steps=steps, eval_every=min(recipe.eval_every, steps), distill=distill)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", choices=list(RECIPES))
@@ -775,7 +786,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     recipe = RECIPES[args.model]
     if args.steps is not None:
-        recipe = dataclasses.replace(recipe, steps=args.steps, eval_every=min(recipe.eval_every, args.steps))
+        recipe = shortened(recipe, args.steps)
     st = train(args.model, recipe, run_dir, args.corpus, save_every_s=args.save_every,
                log=lambda s: print(s, flush=True), threads=args.threads, teacher_dir=args.teacher)
     print(json.dumps({"model": args.model, "step": st["step"], "params": st["params"]}), flush=True)
