@@ -79,3 +79,48 @@ def test_describe_help_is_readable_at_80_columns():
     """204 lines when the help column was 20 characters wide."""
     lines = run("describe", "--help").stdout.splitlines()
     assert len(lines) < 150, len(lines)
+
+
+# -- describe: the live view and the trace ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def on_a_terminal():
+    """The bundled demo pair at k 12 on a clip whose blocks are long: the live table and the trace
+    are wider than 80 columns unless they fold."""
+    clip = ROOT / "samples" / "m_fast_high_pauses.wav"
+    result = run("--threads", "1", "describe", str(clip), "--k", "12", "--trace", "--panel", terminal=True)
+    assert result.exit_code == 0, result.output
+    log = CliRunner().invoke(app, ["--threads", "1", "describe", str(clip), "--k", "12", "--trace"])
+    assert log.exit_code == 0, log.output
+    return result, log
+
+
+def _blocks(lines: list[str]) -> tuple[dict[int, str], list[str]]:
+    """Each trace block's text, its continuation lines joined to its first one; and the trace's
+    lines as printed, its header's included."""
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("trace ·"))
+    blocks: dict[int, str] = {}
+    current = None
+    end = len(lines)
+    for i, line in enumerate(lines[start + 1:], start + 1):
+        m = re.match(r"^\s*(\d+)\s", line)
+        if m:
+            current = int(m[1])
+            blocks[current] = line
+        elif current is not None and line.strip().startswith("│"):
+            blocks[current] += " " + line.strip().removeprefix("│")
+        elif current is not None:
+            end = i
+            break
+    return blocks, lines[start:end]
+
+
+def test_the_trace_wraps_each_block_and_keeps_every_token(on_a_terminal):
+    result, log = on_a_terminal
+    wrapped, printed = _blocks(screen_lines(result.stderr))
+    whole, _ = _blocks(log.stderr.splitlines())  # off a terminal: one line per block, as a log keeps it
+    assert not too_wide("\n".join(printed))  # 138-191 columns before
+    assert len(wrapped) == len(whole) >= 2
+    assert any(cell_len(line) > WIDTH for line in whole.values())  # the case: blocks wider than 80
+    for n, line in whole.items():
+        assert flat(wrapped[n]) == flat(line), n

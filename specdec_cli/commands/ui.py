@@ -247,14 +247,19 @@ class LiveView:
                     style="cyan")
 
 
-def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> list[Text]:
+def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig,
+                width: int | None = None) -> list[Text]:
     """The whole decode, one line per block, to stay on screen above the summary (the Live view is
     transient and a demo-pair decode is over in a tenth of a second). A header, then per block: its
     uncertainty against the threshold; where it went (kept on the edge, or to the cloud and why:
     entropy, loop, always, with how many draft tokens the cloud kept); each draft token with its
     entropy, coloured against the block's share of the threshold, and its verdict; the cloud's
-    recovered or bonus token. The fixed-width parts come first, aligned; the tokens last, so a long
-    block runs on rather than breaking the columns. Print with `soft_wrap=True` (see print_trace)."""
+    recovered or bonus token. The fixed-width parts come first, aligned; the tokens last.
+
+    `width` None: each block is one line however long (a log keeps it whole, for grep). A width: a
+    block's tokens that do not fit go on lines of their own under its first token, after a `│`, so
+    the block wraps as a unit and a token and its entropy are never split (a terminal folding a
+    190-column line cut them anywhere)."""
     gates, verdicts = [], []
     for e in events:
         label, score, limit = gate_of(e, cfg)
@@ -275,27 +280,68 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
         line = Text(f"{e.index + 1:>3}  ", style="dim")
         line.append(gate.ljust(width_g), style=g_style).append("  ")
         line.append(verdict.ljust(width_v), style=v_style).append("  │ ", style="dim")
-        budget = token_budget(cfg, len(e.draft))
-        meaning = e.meaning if e.meaning is not None else [None] * len(e.draft)
-        meaning_budget = token_budget(cfg, len(e.draft), e.limit)
-        for n, (tok, h, m, (mark, style)) in enumerate(zip(e.draft, e.entropies, meaning, marks(e), strict=True)):
-            line.append("  " if n else "")
-            line.append(token_text(tokenizer, tok), style="bold")
-            line.append(f" {h:.2f}", style=entropy_style(h, budget))
-            if m is not None:  # the meaning gate's per-token score beside the entropy
-                line.append(f"/{m:.2f}", style=entropy_style(m, meaning_budget))
-            line.append(mark, style=style)
-        if e.correction is not None:
-            line.append(f"  + {token_text(tokenizer, e.correction)} ({e.correction_kind})", style="bold magenta")
-        out.append(line)
+        out += _block_lines(line, _token_items(e, tokenizer, cfg), width)
     return out
 
 
+def _token_items(e: BlockEvent, tokenizer: Any, cfg: DecodingConfig) -> list[Text]:
+    """One block's draft tokens, each with its entropy (and meaning score) and verdict, then the
+    cloud's own token: the units the trace never splits."""
+    budget = token_budget(cfg, len(e.draft))
+    meaning = e.meaning if e.meaning is not None else [None] * len(e.draft)
+    meaning_budget = token_budget(cfg, len(e.draft), e.limit)
+    items = []
+    for tok, h, m, (mark, style) in zip(e.draft, e.entropies, meaning, marks(e), strict=True):
+        item = Text(token_text(tokenizer, tok), style="bold")
+        item.append(f" {h:.2f}", style=entropy_style(h, budget))
+        if m is not None:  # the meaning gate's per-token score beside the entropy
+            item.append(f"/{m:.2f}", style=entropy_style(m, meaning_budget))
+        items.append(item.append(mark, style=style))
+    if e.correction is not None:
+        items.append(Text(f"+ {token_text(tokenizer, e.correction)} ({e.correction_kind})", style="bold magenta"))
+    return items
+
+
+# Fewer columns than this left beside a block's head: its tokens start on the next line instead.
+_MIN_TOKEN_COLUMNS = 16
+
+
+def _block_lines(head: Text, items: list[Text], width: int | None) -> list[Text]:
+    """A block's head and its token items, two spaces apart: one line, or with `width` as many as
+    it takes, each continuation indented to the head's `│`."""
+    from rich.cells import cell_len
+
+    lines = [head.copy()]
+    if width is None:
+        for n, item in enumerate(items):
+            lines[0].append("  " if n else "").append_text(item)
+        return lines
+    head_w = cell_len(head.plain)
+    narrow = width - head_w < _MIN_TOKEN_COLUMNS
+    indent = "    │ " if narrow else " " * (head_w - 2) + "│ "
+    if narrow:  # too little room beside the head: every token on the lines under it
+        lines[0].rstrip()
+        lines.append(Text(indent, style="dim"))
+    used, fresh = cell_len(lines[-1].plain), True  # fresh: no item on this line yet
+    for item in items:
+        item_w = cell_len(item.plain)
+        gap = 0 if fresh else 2
+        if not fresh and used + gap + item_w > width:
+            lines.append(Text(indent, style="dim"))
+            used, gap = cell_len(indent), 0
+        lines[-1].append(" " * gap).append_text(item)
+        used += gap + item_w
+        fresh = False
+    return lines
+
+
 def print_trace(console: Console, events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> None:
-    """The trace, one physical line per block: soft-wrapped, so a terminal folds a long block at its
-    edge and a log keeps it whole, never cut with an ellipsis."""
-    for line in trace_lines(events, tokenizer, cfg):
-        console.print(line, soft_wrap=True)
+    """The trace. On a terminal each block wraps as a unit at the console's width (trace_lines);
+    off one (a console that soft-wraps, ui.console) each block is one physical line, never cut
+    with an ellipsis, so a log keeps it whole."""
+    wrap = not console.soft_wrap
+    for line in trace_lines(events, tokenizer, cfg, width=console.width if wrap else None):
+        console.print(line, soft_wrap=not wrap)
 
 
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
