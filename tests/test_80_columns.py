@@ -95,6 +95,21 @@ def on_a_terminal():
     return result, log
 
 
+def test_describe_on_an_80_column_terminal_fits(on_a_terminal):
+    result, _ = on_a_terminal
+    assert "draft" in result.stderr  # the live view was drawn
+    assert not too_wide(result.stderr)
+    assert not too_wide(result.stdout)
+
+
+def test_the_live_table_folds_rather_than_cutting(on_a_terminal):
+    result, _ = on_a_terminal
+    text = ESCAPES.sub("", result.stderr)
+    rest = text.replace("loading models…", "").replace("decoding (spec)…", "")
+    assert "…" not in rest, [ln for ln in screen_lines(rest) if "…" in ln][:5]  # was `H na…`, `verd…`, `1…`
+    assert "H nats" in text and "verdict" in text and "cloud recovered" in text
+
+
 def _blocks(lines: list[str]) -> tuple[dict[int, str], list[str]]:
     """Each trace block's text, its continuation lines joined to its first one; and the trace's
     lines as printed, its header's included."""

@@ -200,13 +200,7 @@ class LiveView:
             return f"mode {cfg.mode}"
         return f"threshold {gate_rule(cfg, short=True)} · k {cfg.k} · verify {cfg.verify}"
 
-    def _block_table(self, event: BlockEvent) -> Table:
-        table = Table(show_header=False, box=None, padding=(0, 1))
-        table.add_column(style="dim", no_wrap=True)
-        for _ in event.draft:
-            table.add_column(justify="center", no_wrap=True)
-        if event.correction is not None:
-            table.add_column(justify="center", no_wrap=True)
+    def _block_table(self, event: BlockEvent) -> RenderableType:
         budget = token_budget(self.cfg, len(event.draft))
         tokens = [Text(token_text(self.tokenizer, t)) for t in event.draft]
         entropies = [Text(f"{h:.2f}", style=entropy_style(h, budget)) for h in event.entropies]
@@ -216,14 +210,13 @@ class LiveView:
             tokens.append(Text(token_text(self.tokenizer, event.correction), style="bold magenta"))
             entropies.append(Text(f"cloud {event.correction_kind}", style="magenta"))
             verdicts.append(Text("+", style="bold magenta"))
-        table.add_row(Text("draft"), *tokens)
-        table.add_row(Text("H nats"), *entropies)
+        rows = [("draft", tokens), ("H nats", entropies)]
         if event.meaning is not None:
             meaning_budget = token_budget(self.cfg, len(event.draft), event.limit)
-            table.add_row(Text("meaning"), *[Text(f"{m:.2f}", style=entropy_style(m, meaning_budget))
-                                             for m in event.meaning])
-        table.add_row(Text("verdict"), *verdicts)
-        return table
+            rows.append(("meaning", [Text(f"{m:.2f}", style=entropy_style(m, meaning_budget))
+                                     for m in event.meaning]))
+        rows.append(("verdict", verdicts))
+        return FoldedTable(rows)
 
     def _block_line(self, event: BlockEvent) -> Text:
         label, score, limit = gate_of(event, self.cfg)
@@ -245,6 +238,41 @@ class LiveView:
         speed = f"{snap.tokens_per_s:.1f}" if snap.tokens_per_s is not None else "–"
         return Text(f"cloud calls {snap.cloud_calls} · acceptance {rate} · {speed} tok/s · {snap.tokens} tokens",
                     style="cyan")
+
+
+class FoldedTable:
+    """Labelled rows of cells in columns (the live view's draft / H nats / verdict), folded onto as
+    many tables as the width needs, each with the labels again. A table too wide for its box had
+    Rich shrink every column and cut them (`H na…`, `1…`, `cloud recover…`)."""
+
+    def __init__(self, rows: list[tuple[str, list[Text]]]) -> None:
+        self.rows = rows
+
+    def _table(self, columns: range) -> Table:
+        table = Table(show_header=False, box=None, padding=(0, 1))
+        table.add_column(style="dim", no_wrap=True)
+        for _ in columns:
+            table.add_column(justify="center", no_wrap=True)
+        for label, cells in self.rows:
+            table.add_row(Text(label), *[cells[i] for i in columns])
+        return table
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.cells import cell_len
+
+        # Each column takes its widest cell plus one space of padding either side (padding (0, 1)).
+        # Summed here: Rich's own measurement of a table is clamped to the width it is offered.
+        label_w = max((cell_len(label) for label, _ in self.rows), default=0) + 2
+        n = max((len(cells) for _, cells in self.rows), default=0)
+        widths = [max(cell_len(cells[i].plain) for _, cells in self.rows if i < len(cells)) + 2 for i in range(n)]
+        start = 0
+        while start < n:  # as many columns per table as fit; at least one, however narrow
+            end, used = start + 1, label_w + widths[start]
+            while end < n and used + widths[end] <= options.max_width:
+                used += widths[end]
+                end += 1
+            yield self._table(range(start, end))
+            start = end
 
 
 def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig,
