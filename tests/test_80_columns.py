@@ -139,3 +139,13 @@ def test_the_trace_wraps_each_block_and_keeps_every_token(on_a_terminal):
     assert any(cell_len(line) > WIDTH for line in whole.values())  # the case: blocks wider than 80
     for n, line in whole.items():
         assert flat(wrapped[n]) == flat(line), n
+
+
+# -- presets ---------------------------------------------------------------------------------------
+
+def test_presets_fits_80_columns_and_keeps_paths_whole():
+    result = run("presets")
+    assert result.exit_code == 0, result.output
+    assert not too_wide(result.stdout)
+    words = flat(result.stdout).split()
+    assert "specdec_cli/demo/models/edge/specdec_presets.toml" in words  # not `…/e` + `dge/…`

@@ -541,30 +541,64 @@ def _size(n: int) -> str:
     return f"{n:.1f} GB"
 
 
-def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
+def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> RenderableType:
     """Presets with their values and where they come from, then what each is for. `base` holds the
     presets of configs/ alone, to say when a model folder's file overrides one of them."""
-    table = Table(title="specdec presets", title_style="bold")
-    table.add_column("preset", style="bold", no_wrap=True)
-    for key in PRESET_KEYS:
-        table.add_column(key, justify="right" if key in ("threshold", "k") else "left", no_wrap=True)
-    table.add_column("source", overflow="fold")  # a model folder's path may be long: fold, never crop
-    notes = Text()
-    for name in sorted(presets):
-        p = presets[name]
-        cells = []
+    return _PresetsView(presets, base)
+
+
+class _PresetsView:
+    """The presets table with a source column where the paths fit whole; on a narrower console the
+    sources go under the table, one line each, wrapped at spaces: a path folded in a column broke
+    mid-word (`specdec_cli/demo/models/e` + `dge/…`) and could not be copied."""
+
+    def __init__(self, presets: dict[str, Preset], base: dict[str, Preset]) -> None:
+        self.presets, self.base = presets, base
+
+    def _table(self, with_source: bool) -> Table:
+        table = Table(title="specdec presets", title_style="bold")
+        table.add_column("preset", style="bold", no_wrap=True)
         for key in PRESET_KEYS:
-            value = p.values.get(key)
-            cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
-        # A presets file is the user's (or a downloaded model folder's) text: printed escaped, so an
-        # ESC or newline in a name or description cannot drive the terminal or fake a line.
-        table.add_row(printable(name), *cells, printable(_source(p, base.get(name))))
-        extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
-        if p.description or extra:
-            about = printable(' · '.join(filter(None, (p.description, extra))))
-            notes.append(printable(name), style="bold").append(f": {about}\n", style="dim")
-    notes.rstrip()
-    return Group(table, notes) if notes else Group(table)
+            table.add_column(key, justify="right" if key in ("threshold", "k") else "left", no_wrap=True)
+        if with_source:
+            table.add_column("source", overflow="fold")
+        for name in sorted(self.presets):
+            p = self.presets[name]
+            cells = []
+            for key in PRESET_KEYS:
+                value = p.values.get(key)
+                cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
+            # A presets file is the user's (or a downloaded model folder's) text: printed escaped, so an
+            # ESC or newline in a name or description cannot drive the terminal or fake a line.
+            source = [printable(_source(p, self.base.get(name)))] if with_source else []
+            table.add_row(printable(name), *cells, *source)
+        return table
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        table = self._table(with_source=True)
+        # The table's natural width, measured unclamped (a measurement is capped at the width offered).
+        if Measurement.get(console, options.update_width(10_000), table).maximum <= options.max_width:
+            yield table
+        else:
+            yield self._table(with_source=False)
+            sources = Text()
+            for name in sorted(self.presets):
+                sources.append(printable(name), style="bold").append(
+                    f" from {printable(_source(self.presets[name], self.base.get(name)))}\n", style="dim")
+            sources.rstrip()
+            yield sources
+        notes = Text()
+        for name in sorted(self.presets):
+            p = self.presets[name]
+            extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
+            if p.description or extra:
+                about = printable(' · '.join(filter(None, (p.description, extra))))
+                notes.append(printable(name), style="bold").append(f": {about}\n", style="dim")
+        notes.rstrip()
+        if notes:
+            yield notes
 
 
 def gate_line(gate: Any, source: str) -> Text:
