@@ -9,7 +9,7 @@ from typing import Any
 from typer.core import TyperOption
 
 from . import batch, calibrate, describe, eval, presets, serve
-from .app import app
+from .app import Command, app
 
 # Options every command takes, written once (they belong to `specdec` itself; app.py moves them
 # before the command, so they work after it too): each command's --help ends with them.
@@ -37,4 +37,4 @@ def _flowed(command: Callable[..., Any]) -> str:
 
 for name, command in (("describe", describe.describe), ("batch", batch.batch), ("presets", presets.presets),
                       ("serve", serve.serve), ("eval", eval.evaluate_command), ("calibrate", calibrate.calibrate)):
-    app.command(name, help=_flowed(command), epilog=COMMON_OPTIONS)(command)
+    app.command(name, cls=Command, help=_flowed(command), epilog=COMMON_OPTIONS)(command)

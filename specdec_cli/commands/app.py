@@ -10,13 +10,15 @@ a table); everything else for humans (live view, progress, warnings, errors) goe
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 import warnings
 from typing import Annotated, Any
 
+import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from ..errors import SpecdecError, one_line
@@ -91,6 +93,76 @@ class _Group(TyperGroup):
             raise  # Typer's own flow: --help, --version, usage errors (exit 2)
         except (KeyboardInterrupt, Exception) as exc:  # KeyboardInterrupt: exit 130, not "Aborted!"
             raise typer.Exit(report_error(exc)) from None
+
+
+# Below this width, a command's --help is Click's two-column list instead of Typer's Rich panels.
+# Rich sizes the panels' columns (option, type, help) by shrinking every wrappable one to a common
+# width, so at 80 columns the help column was ~20 characters (describe --help: 204 lines) and long
+# option names and defaults were cut with an ellipsis (`--max-sessions-per-to…`). Click's list
+# keeps each name whole and moves the help under a name too long for the first column. At 100
+# columns and more the panels cut nothing (checked for every command), so they stay there.
+RICH_HELP_MIN_WIDTH = 100
+
+
+def help_width() -> int:
+    """The width Typer's help console would have: $TERMINAL_WIDTH as Typer reads it, else Rich's
+    own choice ($COLUMNS, the terminal, 80 off one)."""
+    from rich.console import Console
+
+    given = os.environ.get("TERMINAL_WIDTH")
+    return Console(width=int(given) if given and given.isdigit() else None).width
+
+
+class Command(TyperCommand):
+    """A command whose --help fits the terminal: Typer's Rich panels where they fit, else Click's
+    list, still grouped under the panels' titles (Models, Decoding, …)."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if help_width() >= RICH_HELP_MIN_WIDTH:
+            return super().format_help(ctx, formatter)
+        self.format_usage(ctx, formatter)
+        self.format_help_text(ctx, formatter)
+        self.format_options(ctx, formatter)
+        self.format_epilog(ctx, formatter)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            default = "Arguments" if param.param_type_name == "argument" else "Options"
+            # Help texts are written for Rich, where `\[` keeps `[serve]` from being read as markup.
+            sections.setdefault(getattr(param, "rich_help_panel", None) or default, []).append(
+                (record[0], record[1].replace("\\[", "[")))
+        for title, rows in sections.items():
+            if rows:
+                with formatter.section(title):
+                    _write_dl(formatter, rows)
+
+
+def _write_dl(formatter: click.HelpFormatter, rows: list[tuple[str, str]], col_max: int = 30) -> None:
+    """Click's `write_dl` (names, then help wrapped beside them, or under a name wider than
+    `col_max`), except that the help never breaks at a hyphen: Click's wrapper would cut
+    `--cloud-deadline` named in a help text into `--cloud-` and `deadline`."""
+    import textwrap
+
+    first = min(max(len(name) for name, _ in rows), col_max) + 2
+    indent = " " * formatter.current_indent
+    text_width = max(formatter.width - first - formatter.current_indent, 10)
+    for name, help in rows:
+        formatter.write(f"{indent}{name}")
+        lines = textwrap.wrap(help, text_width, break_on_hyphens=False, break_long_words=False)
+        if not lines:
+            formatter.write("\n")
+            continue
+        if len(name) <= first - 2:
+            formatter.write(" " * (first - len(name)))
+        else:  # a long name: its help starts on the next line, in the help column
+            formatter.write("\n" + indent + " " * first)
+        formatter.write(lines[0] + "\n")
+        for line in lines[1:]:
+            formatter.write(f"{indent}{' ' * first}{line}\n")
 
 
 app = typer.Typer(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..audio import check_path
+from ..audio import check_path, probe
 from ..errors import InputError, one_line
 from ..inputs import check_clips, some_failed
 from ..segments import Piece
@@ -121,6 +121,9 @@ def describe(
     err = ui.console()
     if len(clips) == 1:  # one file: its problem is the command's error, as it always was
         check_path(Path(clips[0]))
+        # Its header too, as check_clips does for many: a text file named .wav is refused at once,
+        # not after the ~12 s the models take to load.
+        probe(Path(clips[0]))
         bad: dict[str, str] = {}
     else:  # many: every file checked before the models load, every problem listed at once (inputs.py)
         checked = check_clips(clips, lambda c: Path(c))

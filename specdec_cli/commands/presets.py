@@ -32,4 +32,4 @@ def presets(
     from ..gate_presets import gate_file, load_gate  # numpy: only here, after the table's imports
 
     if (path := gate_file(files)) is not None and (gate := load_gate(path)) is not None:
-        out.print(ui.gate_line(gate, shown(path)), soft_wrap=True)
+        out.print(ui.gate_line(gate, shown(path)))  # wrapped at spaces, as the table is

@@ -200,13 +200,7 @@ class LiveView:
             return f"mode {cfg.mode}"
         return f"threshold {gate_rule(cfg, short=True)} · k {cfg.k} · verify {cfg.verify}"
 
-    def _block_table(self, event: BlockEvent) -> Table:
-        table = Table(show_header=False, box=None, padding=(0, 1))
-        table.add_column(style="dim", no_wrap=True)
-        for _ in event.draft:
-            table.add_column(justify="center", no_wrap=True)
-        if event.correction is not None:
-            table.add_column(justify="center", no_wrap=True)
+    def _block_table(self, event: BlockEvent) -> RenderableType:
         budget = token_budget(self.cfg, len(event.draft))
         tokens = [Text(token_text(self.tokenizer, t)) for t in event.draft]
         entropies = [Text(f"{h:.2f}", style=entropy_style(h, budget)) for h in event.entropies]
@@ -216,14 +210,13 @@ class LiveView:
             tokens.append(Text(token_text(self.tokenizer, event.correction), style="bold magenta"))
             entropies.append(Text(f"cloud {event.correction_kind}", style="magenta"))
             verdicts.append(Text("+", style="bold magenta"))
-        table.add_row(Text("draft"), *tokens)
-        table.add_row(Text("H nats"), *entropies)
+        rows = [("draft", tokens), ("H nats", entropies)]
         if event.meaning is not None:
             meaning_budget = token_budget(self.cfg, len(event.draft), event.limit)
-            table.add_row(Text("meaning"), *[Text(f"{m:.2f}", style=entropy_style(m, meaning_budget))
-                                             for m in event.meaning])
-        table.add_row(Text("verdict"), *verdicts)
-        return table
+            rows.append(("meaning", [Text(f"{m:.2f}", style=entropy_style(m, meaning_budget))
+                                     for m in event.meaning]))
+        rows.append(("verdict", verdicts))
+        return FoldedTable(rows)
 
     def _block_line(self, event: BlockEvent) -> Text:
         label, score, limit = gate_of(event, self.cfg)
@@ -247,14 +240,54 @@ class LiveView:
                     style="cyan")
 
 
-def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> list[Text]:
+class FoldedTable:
+    """Labelled rows of cells in columns (the live view's draft / H nats / verdict), folded onto as
+    many tables as the width needs, each with the labels again. A table too wide for its box had
+    Rich shrink every column and cut them (`H na…`, `1…`, `cloud recover…`)."""
+
+    def __init__(self, rows: list[tuple[str, list[Text]]]) -> None:
+        self.rows = rows
+
+    def _table(self, columns: range) -> Table:
+        table = Table(show_header=False, box=None, padding=(0, 1))
+        table.add_column(style="dim", no_wrap=True)
+        for _ in columns:
+            table.add_column(justify="center", no_wrap=True)
+        for label, cells in self.rows:
+            table.add_row(Text(label), *[cells[i] for i in columns])
+        return table
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.cells import cell_len
+
+        # Each column takes its widest cell plus one space of padding either side (padding (0, 1)).
+        # Summed here: Rich's own measurement of a table is clamped to the width it is offered.
+        label_w = max((cell_len(label) for label, _ in self.rows), default=0) + 2
+        n = max((len(cells) for _, cells in self.rows), default=0)
+        widths = [max(cell_len(cells[i].plain) for _, cells in self.rows if i < len(cells)) + 2 for i in range(n)]
+        start = 0
+        while start < n:  # as many columns per table as fit; at least one, however narrow
+            end, used = start + 1, label_w + widths[start]
+            while end < n and used + widths[end] <= options.max_width:
+                used += widths[end]
+                end += 1
+            yield self._table(range(start, end))
+            start = end
+
+
+def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig,
+                width: int | None = None) -> list[Text]:
     """The whole decode, one line per block, to stay on screen above the summary (the Live view is
     transient and a demo-pair decode is over in a tenth of a second). A header, then per block: its
     uncertainty against the threshold; where it went (kept on the edge, or to the cloud and why:
     entropy, loop, always, with how many draft tokens the cloud kept); each draft token with its
     entropy, coloured against the block's share of the threshold, and its verdict; the cloud's
-    recovered or bonus token. The fixed-width parts come first, aligned; the tokens last, so a long
-    block runs on rather than breaking the columns. Print with `soft_wrap=True` (see print_trace)."""
+    recovered or bonus token. The fixed-width parts come first, aligned; the tokens last.
+
+    `width` None: each block is one line however long (a log keeps it whole, for grep). A width: a
+    block's tokens that do not fit go on lines of their own under its first token, after a `│`, so
+    the block wraps as a unit and a token and its entropy are never split (a terminal folding a
+    190-column line cut them anywhere)."""
     gates, verdicts = [], []
     for e in events:
         label, score, limit = gate_of(e, cfg)
@@ -275,27 +308,68 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
         line = Text(f"{e.index + 1:>3}  ", style="dim")
         line.append(gate.ljust(width_g), style=g_style).append("  ")
         line.append(verdict.ljust(width_v), style=v_style).append("  │ ", style="dim")
-        budget = token_budget(cfg, len(e.draft))
-        meaning = e.meaning if e.meaning is not None else [None] * len(e.draft)
-        meaning_budget = token_budget(cfg, len(e.draft), e.limit)
-        for n, (tok, h, m, (mark, style)) in enumerate(zip(e.draft, e.entropies, meaning, marks(e), strict=True)):
-            line.append("  " if n else "")
-            line.append(token_text(tokenizer, tok), style="bold")
-            line.append(f" {h:.2f}", style=entropy_style(h, budget))
-            if m is not None:  # the meaning gate's per-token score beside the entropy
-                line.append(f"/{m:.2f}", style=entropy_style(m, meaning_budget))
-            line.append(mark, style=style)
-        if e.correction is not None:
-            line.append(f"  + {token_text(tokenizer, e.correction)} ({e.correction_kind})", style="bold magenta")
-        out.append(line)
+        out += _block_lines(line, _token_items(e, tokenizer, cfg), width)
     return out
 
 
+def _token_items(e: BlockEvent, tokenizer: Any, cfg: DecodingConfig) -> list[Text]:
+    """One block's draft tokens, each with its entropy (and meaning score) and verdict, then the
+    cloud's own token: the units the trace never splits."""
+    budget = token_budget(cfg, len(e.draft))
+    meaning = e.meaning if e.meaning is not None else [None] * len(e.draft)
+    meaning_budget = token_budget(cfg, len(e.draft), e.limit)
+    items = []
+    for tok, h, m, (mark, style) in zip(e.draft, e.entropies, meaning, marks(e), strict=True):
+        item = Text(token_text(tokenizer, tok), style="bold")
+        item.append(f" {h:.2f}", style=entropy_style(h, budget))
+        if m is not None:  # the meaning gate's per-token score beside the entropy
+            item.append(f"/{m:.2f}", style=entropy_style(m, meaning_budget))
+        items.append(item.append(mark, style=style))
+    if e.correction is not None:
+        items.append(Text(f"+ {token_text(tokenizer, e.correction)} ({e.correction_kind})", style="bold magenta"))
+    return items
+
+
+# Fewer columns than this left beside a block's head: its tokens start on the next line instead.
+_MIN_TOKEN_COLUMNS = 16
+
+
+def _block_lines(head: Text, items: list[Text], width: int | None) -> list[Text]:
+    """A block's head and its token items, two spaces apart: one line, or with `width` as many as
+    it takes, each continuation indented to the head's `│`."""
+    from rich.cells import cell_len
+
+    lines = [head.copy()]
+    if width is None:
+        for n, item in enumerate(items):
+            lines[0].append("  " if n else "").append_text(item)
+        return lines
+    head_w = cell_len(head.plain)
+    narrow = width - head_w < _MIN_TOKEN_COLUMNS
+    indent = "    │ " if narrow else " " * (head_w - 2) + "│ "
+    if narrow:  # too little room beside the head: every token on the lines under it
+        lines[0].rstrip()
+        lines.append(Text(indent, style="dim"))
+    used, fresh = cell_len(lines[-1].plain), True  # fresh: no item on this line yet
+    for item in items:
+        item_w = cell_len(item.plain)
+        gap = 0 if fresh else 2
+        if not fresh and used + gap + item_w > width:
+            lines.append(Text(indent, style="dim"))
+            used, gap = cell_len(indent), 0
+        lines[-1].append(" " * gap).append_text(item)
+        used += gap + item_w
+        fresh = False
+    return lines
+
+
 def print_trace(console: Console, events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfig) -> None:
-    """The trace, one physical line per block: soft-wrapped, so a terminal folds a long block at its
-    edge and a log keeps it whole, never cut with an ellipsis."""
-    for line in trace_lines(events, tokenizer, cfg):
-        console.print(line, soft_wrap=True)
+    """The trace. On a terminal each block wraps as a unit at the console's width (trace_lines);
+    off one (a console that soft-wraps, ui.console) each block is one physical line, never cut
+    with an ellipsis, so a log keeps it whole."""
+    wrap = not console.soft_wrap
+    for line in trace_lines(events, tokenizer, cfg, width=console.width if wrap else None):
+        console.print(line, soft_wrap=not wrap)
 
 
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
@@ -467,30 +541,64 @@ def _size(n: int) -> str:
     return f"{n:.1f} GB"
 
 
-def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> Group:
+def presets_table(presets: dict[str, Preset], base: dict[str, Preset]) -> RenderableType:
     """Presets with their values and where they come from, then what each is for. `base` holds the
     presets of configs/ alone, to say when a model folder's file overrides one of them."""
-    table = Table(title="specdec presets", title_style="bold")
-    table.add_column("preset", style="bold", no_wrap=True)
-    for key in PRESET_KEYS:
-        table.add_column(key, justify="right" if key in ("threshold", "k") else "left", no_wrap=True)
-    table.add_column("source", overflow="fold")  # a model folder's path may be long: fold, never crop
-    notes = Text()
-    for name in sorted(presets):
-        p = presets[name]
-        cells = []
+    return _PresetsView(presets, base)
+
+
+class _PresetsView:
+    """The presets table with a source column where the paths fit whole; on a narrower console the
+    sources go under the table, one line each, wrapped at spaces: a path folded in a column broke
+    mid-word (`specdec_cli/demo/models/e` + `dge/…`) and could not be copied."""
+
+    def __init__(self, presets: dict[str, Preset], base: dict[str, Preset]) -> None:
+        self.presets, self.base = presets, base
+
+    def _table(self, with_source: bool) -> Table:
+        table = Table(title="specdec presets", title_style="bold")
+        table.add_column("preset", style="bold", no_wrap=True)
         for key in PRESET_KEYS:
-            value = p.values.get(key)
-            cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
-        # A presets file is the user's (or a downloaded model folder's) text: printed escaped, so an
-        # ESC or newline in a name or description cannot drive the terminal or fake a line.
-        table.add_row(printable(name), *cells, printable(_source(p, base.get(name))))
-        extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
-        if p.description or extra:
-            about = printable(' · '.join(filter(None, (p.description, extra))))
-            notes.append(printable(name), style="bold").append(f": {about}\n", style="dim")
-    notes.rstrip()
-    return Group(table, notes) if notes else Group(table)
+            table.add_column(key, justify="right" if key in ("threshold", "k") else "left", no_wrap=True)
+        if with_source:
+            table.add_column("source", overflow="fold")
+        for name in sorted(self.presets):
+            p = self.presets[name]
+            cells = []
+            for key in PRESET_KEYS:
+                value = p.values.get(key)
+                cells.append("–" if value is None else format_threshold(value) if key == "threshold" else str(value))
+            # A presets file is the user's (or a downloaded model folder's) text: printed escaped, so an
+            # ESC or newline in a name or description cannot drive the terminal or fake a line.
+            source = [printable(_source(p, self.base.get(name)))] if with_source else []
+            table.add_row(printable(name), *cells, *source)
+        return table
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        table = self._table(with_source=True)
+        # The table's natural width, measured unclamped (a measurement is capped at the width offered).
+        if Measurement.get(console, options.update_width(10_000), table).maximum <= options.max_width:
+            yield table
+        else:
+            yield self._table(with_source=False)
+            sources = Text()
+            for name in sorted(self.presets):
+                sources.append(printable(name), style="bold").append(
+                    f" from {printable(_source(self.presets[name], self.base.get(name)))}\n", style="dim")
+            sources.rstrip()
+            yield sources
+        notes = Text()
+        for name in sorted(self.presets):
+            p = self.presets[name]
+            extra = ", ".join(f"{key} = {p.values[key]!r}" for key in GATE_KEYS + EXTRA_KEYS if key in p.values)
+            if p.description or extra:
+                about = printable(' · '.join(filter(None, (p.description, extra))))
+                notes.append(printable(name), style="bold").append(f": {about}\n", style="dim")
+        notes.rstrip()
+        if notes:
+            yield notes
 
 
 def gate_line(gate: Any, source: str) -> Text:
