@@ -29,16 +29,29 @@ the same state), and it is used only when the sequence it was drafted after is t
 verdict gives; otherwise the edge is rolled back and the generator restored to where they were
 before it, and the next block is drafted as the blocking loop drafts it. There is one place where
 an in-flight verdict is awaited (`in_flight.result()`).
+
+Several verdicts in flight (`depth` > 1, issue 43: a cloud that can `submit_ahead`, protocol 3's
+remote cloud): a block drafted ahead is also sent ahead, before the verdict it assumes, and the
+edge drafts the block after it, up to `depth` verifications in flight. Each assumes the one before
+it is kept whole with the edge's bonus guess; the cloud verifies them in order and refuses one whose
+assumption is not the session's (no forward run, nothing changed). Verdicts are read in block
+order, so the loop still sees the blocking loop's sequence of calls: a verdict that breaks the
+assumption discards every block after it (edge and generator back to where the first of them was
+drafted; their refusals, still in flight, are collected at the end of the clip and counted by the
+cloud), and the loop goes on from the cloud's token. A block whose assumption held but which the
+cloud refused anyway (it reached the cloud before the verdict it assumed) is sent again, in turn,
+with the random numbers drawn for it when it was first sent (`Refused.resend`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -74,6 +87,31 @@ class Cloud(Protocol):
     def submit(self, sequence: list[int], proposal: Proposal, rules: DecodingRules, generator: torch.Generator | None,
                acceptance: AcceptanceRule | None = None) -> Future[tuple[Verdict, int]]: ...
     def rollback(self, length: int) -> None: ...
+
+
+@runtime_checkable
+class SendsAhead(Cloud, Protocol):
+    """A cloud that can verify a block before the verdict it assumes (protocol 3's remote cloud).
+    `submit_ahead(sequence, ...)`: `sequence` ends with the edge's guess of the previous block's
+    bonus token, and the request assumes the cloud holds all of it but that guess. Its future gives
+    the verdict, or raises `Refused` when the cloud refused it without running it. `discard(f)`: a
+    future submitted ahead whose block the loop did not use; waits for it and counts what it cost."""
+
+    def submit_ahead(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+                     generator: torch.Generator | None) -> Future[tuple[Verdict, int]]: ...
+    def discard(self, future: Future[tuple[Verdict, int]]) -> None: ...
+
+
+class Refused(Exception):  # noqa: N818 (what the cloud did, not an error: the loop sends it again)
+    """A block sent ahead that the cloud refused without a forward (protocol 3's out_of_sync, or its
+    session not open yet): it reached the cloud before the verdict it assumed, or that verdict was
+    not what it assumed. The loop reads it only in the first case (in the second the block is
+    discarded) and calls `resend()`: the same request, sent now in turn, with the random numbers
+    drawn for it the first time (drawing again would change the generator's stream)."""
+
+    def __init__(self, resend: Callable[[], Future[tuple[Verdict, int]]]) -> None:
+        super().__init__("a verification sent ahead was refused before any forward")
+        self.resend = resend
 
 
 @dataclass
@@ -219,6 +257,7 @@ def speculative_decode(
     acceptance: AcceptanceRule | None = None,
     gate: MeaningGate | None = None,
     fallback: bool = False,
+    depth: int = 1,
 ) -> DecodeResult:
     """Decode one clip. With `lazy_prefill` (the default) the cloud runs nothing until the first
     escalation, so a clip the edge handles alone costs the cloud nothing and never leaves the
@@ -229,7 +268,8 @@ def speculative_decode(
     pair's meaning gate, used when cfg.verify is "meaning" and it was fitted on cfg's task (else
     the entropy gate decides). `fallback`: when the cloud fails (an exception naming its
     `cloud_failure`), the edge finishes the clip alone (`DecodeResult.lost` says so) instead of
-    the failure ending the clip."""
+    the failure ending the clip. `depth`: at most this many verifications in flight (> 1 only with
+    a cloud that `SendsAhead`; 1: one verdict in flight, the next block drafted but not sent)."""
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.sample else None
     edge = ModelState(edge_model, "edge")
     cloud: Cloud = LocalCloud(cloud_model) if isinstance(cloud_model, torch.nn.Module) else cloud_model
@@ -249,13 +289,60 @@ def speculative_decode(
 
     done = False
     ahead: Ahead | None = None         # the next block, drafted while the last verdict was in flight
+    sent: deque[Sent] = deque()        # blocks sent ahead (depth > 1), oldest first; `ahead` follows them
+    dropped: list[Future] = []         # verifications of blocks discarded, maybe still in flight
+    if not isinstance(cloud, SendsAhead):
+        depth = 1
     pays = AheadPays()
+
+    def discard_ahead() -> None:
+        """Every block drafted or sent after the verdict just read is undone: the edge and the
+        generator go back to where the first of them was drafted (the later ones were drafted
+        after it, so that one rollback undoes them all)."""
+        nonlocal ahead
+        first = sent[0].ahead if sent else ahead
+        if first is not None:
+            first.discard(edge, generator)
+        dropped.extend(s.future for s in sent)
+        sent.clear()
+        ahead = None
+
+    def fill(in_flight: Future[tuple[Verdict, int]]) -> None:
+        """While the verdict read next is in flight: draft the next block ahead (after the last
+        block sent, assuming it kept whole) and, up to `depth` in flight, send it too when the gate
+        sends it up (held: the cloud holds the clip by then). With depth 1 this drafts one block,
+        as the one-verdict loop always did."""
+        nonlocal ahead
+        while not in_flight.done():
+            if ahead is None:
+                last_sequence, last_proposal, last_future = ((sent[-1].ahead.sequence, sent[-1].ahead.proposal,
+                                                              sent[-1].future) if sent else
+                                                             (sequence, proposal, in_flight))
+                if last_future.done():  # its verdict is in: the loop reads it before drafting on
+                    return
+                ahead = draft_ahead(edge, last_sequence, last_proposal, last_future, cfg, rules, generator, meaning)
+                if ahead is None:
+                    return
+            if 1 + len(sent) >= depth:
+                return
+            why = escalation_reason(cfg, ahead.proposal, ahead.sequence[prompt_len:], True)
+            if not why:  # the gate keeps it on the edge: it waits, drafted, for the verdict before it
+                return
+            assert isinstance(cloud, SendsAhead)
+            future = pays.watch(cloud.submit_ahead(ahead.sequence, ahead.proposal, rules, generator))
+            sent.append(Sent(ahead, future, why))
+            ahead = None
     lost: CloudLost | None = None      # set when the cloud failed: the edge goes on alone
     verified = 0                       # answer tokens through the cloud's last verdict
     while not done:
         # 2. Draft up to k tokens, never past max_new_tokens (or take the block drafted ahead: it
         #    was drafted after this very sequence).
-        if ahead is not None:
+        #    A block sent ahead was drafted and gated after this very sequence too, and its
+        #    verification is in flight already.
+        ahead_sent = sent.popleft() if sent else None
+        if ahead_sent is not None:
+            proposal = ahead_sent.ahead.proposal
+        elif ahead is not None:
             proposal, ahead = ahead.proposal, None
         else:
             with pays.drafting():
@@ -263,8 +350,11 @@ def speculative_decode(
         answer = sequence[prompt_len:]
 
         # 3. Gate.
-        held = cloud.prefill_tokens > 0
-        reason = "" if lost is not None else escalation_reason(cfg, proposal, answer, held)
+        held = cloud.prefill_tokens > 0 or ahead_sent is not None
+        if ahead_sent is not None:
+            reason = ahead_sent.reason
+        else:
+            reason = "" if lost is not None else escalation_reason(cfg, proposal, answer, held)
         event = new_event(len(events), cfg, proposal, reason, held)
         new_tokens = list(proposal.tokens)
 
@@ -274,19 +364,28 @@ def speculative_decode(
             #    rejection), then the rule: greedy match, or rejection sampling with the generator.
             #    While the verdict is in flight, the edge drafts the next block ahead.
             prefilled = cloud.prefill_tokens
-            in_flight = pays.watch(cloud.submit(sequence, proposal, rules, generator, acceptance))
+            if ahead_sent is not None:
+                in_flight = ahead_sent.future
+            else:
+                in_flight = pays.watch(cloud.submit(sequence, proposal, rules, generator, acceptance))
             if not in_flight.done() and pays.now():
-                ahead = draft_ahead(edge, sequence, proposal, in_flight, cfg, rules, generator, meaning)
+                fill(in_flight)
             try:
-                verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
+                while True:
+                    try:
+                        verdict, fed = in_flight.result()  # the one place an in-flight verdict is awaited
+                        break
+                    except Refused as refused:
+                        # Sent ahead, refused unrun, and its assumption held (this is its turn): again,
+                        # now. A resend is an ordinary verification and never raises Refused.
+                        in_flight = pays.watch(refused.resend())
             except Exception as exc:
                 failure = cloud_failure(exc)
                 if not fallback or failure is None:
                     raise
                 # The edge goes on alone from the sequence the verdicts made: this block's draft is
                 # its own (as an unescalated block's), a block drafted ahead after it is undone.
-                if ahead is not None:
-                    ahead = ahead.discard(edge, generator)
+                discard_ahead()
                 lost = CloudLost(failure, one_line(exc), len(answer), verified)
                 event.fallback = failure
             else:
@@ -296,10 +395,11 @@ def speculative_decode(
 
                 # 5. Roll both caches back to the accepted prefix (the edge may hold less already). A
                 #    block drafted ahead after another sequence than the verdict's is discarded first.
-                if ahead is not None and ahead.sequence != sequence + new_tokens:
-                    ahead = ahead.discard(edge, generator)
+                following = sent[0].ahead if sent else ahead
+                if following is not None and following.sequence != sequence + new_tokens:
+                    discard_ahead()
                 keep = len(sequence) + verdict.accepted
-                if ahead is None:
+                if not sent and ahead is None:
                     edge.rollback(min(len(edge), keep))
                 cloud.rollback(keep)
                 verified = len(answer) + len(new_tokens)
@@ -315,6 +415,13 @@ def speculative_decode(
         if on_block is not None:
             on_block(event)
 
+    if sent or ahead is not None:  # (none is left at the end as the loop runs: kept safe all the same)
+        discard_ahead()
+    # The verifications of discarded blocks: their refusals (or, were one run, its forwards) are
+    # counted by the cloud before the clip's counts are read; each request has its deadline.
+    for future in dropped:
+        assert isinstance(cloud, SendsAhead)
+        cloud.discard(future)
     stats.tokens = len(sequence) - prompt_len
     count_work(stats, edge, cloud)
     return DecodeResult(sequence[prompt_len:], stats, events, lost)
@@ -369,6 +476,16 @@ class Ahead:
         if generator is not None and self.rng is not None:
             generator.set_state(self.rng)
         return None
+
+
+@dataclass
+class Sent:
+    """A block drafted ahead and sent ahead: its verification is in flight (`future`), and the
+    gate's reason for sending it up."""
+
+    ahead: Ahead
+    future: Future[tuple[Verdict, int]]
+    reason: str
 
 
 def draft_ahead(edge: ModelState, sequence: list[int], proposal: Proposal, in_flight: Future[tuple[Verdict, int]],

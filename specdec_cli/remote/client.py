@@ -42,7 +42,7 @@ from .. import __version__
 from ..decoding.acceptance import Verdict, recovered_token, sampling_uniforms
 from ..decoding.config import DecodingConfig
 from ..decoding.drafter import Proposal
-from ..decoding.loop import DecodeResult, DecodeStats
+from ..decoding.loop import DecodeResult, DecodeStats, Refused
 from ..decoding.processors import DecodingRules
 from ..decoding.verifier import completed
 from ..errors import InputError, SpecdecError
@@ -60,6 +60,12 @@ BACKGROUND_MAX = 8
 # not specdec's one-line JSON error): retried like a dropped connection.
 UPSTREAM_LOST = (500, 502, 504)
 UPLOADS = ("eager", "lazy", "auto")  # --upload: when a clip goes up (RemoteClient.upload)
+# --depth: verifications one clip may have in flight. The server lets one session queue
+# sessions.MAX_QUEUED (4) behind the one it runs; more would be refused as session_busy.
+MAX_DEPTH = 4
+# Link counters are added to from every thread a clip's requests run on (several verifications in
+# flight): one lock, held for a few additions.
+_COUNTING = threading.Lock()
 
 log = logging.getLogger("specdec.client")
 
@@ -179,7 +185,12 @@ class RemoteClient:
         # Pipelining: a clip's verification runs on one worker thread while the edge drafts ahead
         # (decoding/loop.py); False: each verification blocks the loop, as before issue 28.
         self.pipelined = True
+        # Verifications one clip may have in flight (issue 43): 1, the next block drafted while
+        # the verdict is out but sent after it; D > 1, sent before the verdicts it assumes
+        # (protocol 3), at most D at once. Each runs on a worker thread of its own.
+        self.depth = 1
         self._worker: ThreadPoolExecutor | None = None
+        self._worker_size = 0
         self._block_k: int | None = None  # block_k(), once measured
         self.rtt_s = self.edge_token_s = 0.0
         # When a clip goes up: "lazy" at its first verification (a clip the edge keeps sends
@@ -240,10 +251,14 @@ class RemoteClient:
         self.exchange.close()
 
     def worker(self) -> ThreadPoolExecutor:
-        """The one thread verifications run on while the loop drafts ahead (one at a time: a clip
-        has at most one verdict in flight, and the loop awaits it before the next)."""
+        """The threads verifications run on while the loop drafts ahead: `depth` of them (a clip
+        has at most `depth` verifications in flight; the eager upload takes its turn on them too)."""
+        if self._worker is not None and self._worker_size != self.depth:
+            self._worker.shutdown(wait=True)  # (the depth was changed between clips)
+            self._worker = None
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-verify")
+            self._worker = ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="specdec-verify")
+            self._worker_size = self.depth
         return self._worker
 
     def settle(self, timeout_s: float = BACKGROUND_S) -> None:
@@ -263,7 +278,8 @@ class RemoteClient:
             request = self.exchange.request(method, path, b"", _session_header(session))
             future = self.exchange.send_later(request, answers.HEALTH_CAP, min(BACKGROUND_S, self.timeout_s))
             self._background.add(future)
-        link.uplink_bytes += _request_bytes(request, b"")
+        with _COUNTING:
+            link.uplink_bytes += _request_bytes(request, b"")
         future.add_done_callback(lambda f: self._answered(f, method, path))
         return True
 
@@ -328,14 +344,16 @@ class RemoteClient:
             except Unusable as exc:
                 raise self._unusable(exc) from None
             finally:
-                link.cloud_wait_s += time.perf_counter() - started
-                link.round_trips += 1
-                link.uplink_bytes += _request_bytes(request, body)
-                link.verifications += path == "/v1/verify"
+                with _COUNTING:
+                    link.cloud_wait_s += time.perf_counter() - started
+                    link.round_trips += 1
+                    link.uplink_bytes += _request_bytes(request, body)
+                    link.verifications += path == "/v1/verify"
             if answer is not None:
                 self._down = False
-                link.downlink_bytes += answer.wire_bytes
-                link.out_of_sync += answer.status == 409 and _error_code(answer) == "out_of_sync"
+                with _COUNTING:
+                    link.downlink_bytes += answer.wire_bytes
+                    link.out_of_sync += answer.status == 409 and _error_code(answer) == "out_of_sync"
                 upstream_lost = answer.status in UPSTREAM_LOST and not _error_code(answer)
                 if answer.status != 503 and not upstream_lost:
                     self._raise_for(answer, path)
@@ -505,6 +523,13 @@ class RemoteCloud:
         self.inputs: Mapping[str, torch.Tensor] | None = None
         self._clip: wire.Clip | None = None  # encoded once, at the first verification
         self.prefill_tokens = self.forwards = self.tokens_fed = self.all_forwards = 0
+        # Several verifications in flight (depth > 1): each gets a number in the order it was
+        # sent; the session's state (`session`, `held`) is taken from the answer of the latest one
+        # answered, whatever order the answers come back in (the server runs them in order).
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._state_n = 0
+        self._spent: dict[Future, list[int]] = {}  # a future sent ahead: the forwards its answer spent
 
     def __len__(self) -> int:
         return self.held
@@ -552,12 +577,51 @@ class RemoteCloud:
 
     def submit(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
                generator: torch.Generator | None, acceptance: Any = None) -> Future[tuple[Verdict, int]]:
-        """The verdict on `proposal` as a future: in flight on the client's verification thread
+        """The verdict on `proposal` as a future: in flight on the client's verification threads
         (`RemoteClient.pipelined`), or done before this returns (the blocking client). The random
         numbers the verdict needs are drawn here, before it returns, in the in-process rule's order.
-        Until the future is done nothing else may touch this cloud (the loop awaits it first)."""
+        It assumes the session as the last verdict answered left it."""
         if acceptance is not None:
             raise NotImplementedError("a custom acceptance rule runs only with an in-process cloud")
+        draft, sampling, u_last = self._drawn(proposal, generator)
+        work = functools.partial(self._verify, list(sequence), proposal, draft, sampling, u_last, self._number())
+        return self.client.worker().submit(work) if self.client.pipelined else completed(work)
+
+    def submit_ahead(self, sequence: list[int], proposal: Proposal, rules: DecodingRules,
+                     generator: torch.Generator | None) -> Future[tuple[Verdict, int]]:
+        """Sent before the verdict it assumes (decoding/loop.py's `SendsAhead`, protocol 3):
+        `sequence` is the previous block's sequence, its whole draft and the edge's guess of its
+        bonus token; the request assumes the session holds all of it but the guess, which heads
+        `pending` (the token the verdict must have given). The server refuses it unrun unless that
+        is so when its turn comes; then the future raises `Refused`, and never rebuilds the
+        session (a refusal here is expected, not a lost session)."""
+        draft, sampling, u_last = self._drawn(proposal, generator)
+        spent = [0]
+        future = self.client.worker().submit(functools.partial(
+            self._verify, list(sequence), proposal, draft, sampling, u_last, self._number(), True, spent))
+        self._spent[future] = spent
+        return future
+
+    def discard(self, future: Future[tuple[Verdict, int]]) -> None:
+        """A verification sent ahead whose block the loop discarded: waited for (its request has
+        its deadline), and its forwards counted as discarded were it run (protocol 3 refuses every
+        one whose assumed prefix broke, before any forward: 0)."""
+        spent = self._spent.pop(future, [0])
+        try:
+            future.result()
+        except Exception:  # refused, or failed: either way its block was not used
+            return
+        with _COUNTING:
+            self.link.discarded_forwards += spent[0]
+
+    def _number(self) -> int:
+        """The next verification's number, in the order the loop sends them."""
+        self._sent += 1
+        return self._sent
+
+    def _drawn(self, proposal: Proposal, generator: torch.Generator | None) -> tuple[list[int], wire.Sampling | None,
+                                                                                    float]:
+        """The draft, and the random numbers its verdict needs, drawn now."""
         draft = list(proposal.tokens)
         sampling, u_last = None, 0.0
         if generator is not None:
@@ -569,18 +633,19 @@ class RemoteCloud:
         if not self._verified:
             self.client.lead_s.append(time.perf_counter() - self._started)
             self._verified = True
-        work = functools.partial(self._verify, list(sequence), proposal, draft, sampling, u_last)
-        return self.client.worker().submit(work) if self.client.pipelined else completed(work)
+        return draft, sampling, u_last
 
     def _verify(self, sequence: list[int], proposal: Proposal, draft: list[int], sampling: wire.Sampling | None,
-                u_last: float) -> tuple[Verdict, int]:
+                u_last: float, number: int, ahead: bool = False, spent: list[int] | None = None) -> tuple[Verdict, int]:
         """One verification's round trip (several if the session must be rebuilt), its answer
-        checked and counted."""
-        if self._opening is not None:  # the eager upload first (already done on the verification thread)
+        checked and counted. `ahead`: sent before the verdict it assumes (`submit_ahead`)."""
+        with self._lock:
             opening, self._opening = self._opening, None
+        if opening is not None:  # the eager upload first (already done on a verification thread)
             opening.result()  # a bad answer to it fails the clip here, once
+        rebuild = False
         for _ in range(self.MAX_REBUILDS + 1):
-            request = self._request(sequence, draft, sampling)
+            request = self._request(sequence, draft, sampling, ahead and not rebuild, rebuild)
             sent = time.perf_counter()
             try:
                 answer = self.client.call("POST", "/v1/verify", request, wire.VerifyResponse, self.link,
@@ -589,9 +654,20 @@ class RemoteCloud:
                     self.client.upload_s.append(time.perf_counter() - sent)
                 break
             except SessionLost:
+                if ahead:
+                    # Unrun (out of sync, or the session not open yet): the loop sends it again in
+                    # turn if its assumption held, with these very random numbers.
+                    def resend() -> Future[tuple[Verdict, int]]:
+                        return self.client.worker().submit(functools.partial(
+                            self._verify, sequence, proposal, draft, sampling, u_last, self._number()))
+                    raise Refused(resend) from None
                 # Evicted, expired or the server restarted: open it again from what we hold.
-                self.session, self.held = None, 0
-                self.link.rebuilds += 1
+                rebuild = True
+                with self._lock:
+                    self.session, self.held = None, 0
+                    self._state_n = max(self._state_n, number)
+                with _COUNTING:
+                    self.link.rebuilds += 1
         else:
             raise CloudError(f"the cloud at {self.client.url} lost this clip's session {self.MAX_REBUILDS + 1} "
                              "times in a row; is it restarting in a loop?")
@@ -599,37 +675,53 @@ class RemoteCloud:
         self.client.check(answers.verdict, answer, request, len(sequence), len(self.prompt_ids), vocab)
         target_row = None if answer.target_row is None else self.client.check(answers.target_row,
                                                                                  answer.target_row, vocab)
-        # A verdict that ends the clip closed the session on the server: nothing left to close.
-        self.session, self.held = (None if answer.ended else answer.session), answer.held
-        if self._opened is not None:  # the eager prefill, counted with the clip's first verdict
-            self.prefill_tokens += self._opened[0]
-            self.all_forwards += self._opened[1]
-            self._opened = None
-        self.prefill_tokens += answer.prefilled
-        self.tokens_fed += answer.fed
-        self.forwards += answer.forwards
-        self.all_forwards += answer.all_forwards
+        with self._lock:
+            if number >= self._state_n:  # the latest verdict answered: the session as it stands
+                # A verdict that ends the clip closed the session on the server: nothing left to close.
+                self.session, self.held = (None if answer.ended else answer.session), answer.held
+                self._state_n = number
+            if self._opened is not None and not ahead:  # the eager prefill, with the clip's first verdict
+                self.prefill_tokens += self._opened[0]
+                self.all_forwards += self._opened[1]
+                self._opened = None
+            self.prefill_tokens += answer.prefilled
+            self.tokens_fed += answer.fed
+            self.forwards += answer.forwards
+            self.all_forwards += answer.all_forwards
+        if spent is not None:
+            spent[0] = answer.forwards
         token = answer.token
         if target_row is not None:
             # Rejected while sampling: the residual needs the drafter's row, which is here.
             token = recovered_token(torch.from_numpy(target_row), proposal.draft_probs[answer.accepted], u_last)
         return Verdict(answer.accepted, token, answer.kind), answer.fed
 
-    def _request(self, sequence: list[int], draft: list[int], sampling: wire.Sampling | None) -> wire.VerifyRequest:
-        if self.session is None:
+    def _request(self, sequence: list[int], draft: list[int], sampling: wire.Sampling | None, ahead: bool = False,
+                 rebuild: bool = False) -> wire.VerifyRequest:
+        with self._lock:
+            session, held = self.session, self.held
+        if ahead:
+            # Sent before the verdict it assumes: the session will hold all of `sequence` but its
+            # last token (the guess of that verdict's bonus), under the id this clip chose.
+            session, held = self.session_id, len(sequence) - 1
+        if session is None or rebuild:
             p = len(self.prompt_ids)
             assert sequence[:p] == self.prompt_ids, "the sequence must start with the clip's prompt"
             return wire.VerifyRequest(draft, session=self.session_id, clip=self._clip_message(),
                                       config=config_dict(self.cfg), pending=sequence[p:], sampling=sampling)
         # Protocol 3: the prefix this verification assumes the session holds, by length and digest
-        # (the server refuses it, unchanged, if the session holds anything else).
-        prefix = wire.prefix_digest(sequence[len(self.prompt_ids):self.held])
-        return wire.VerifyRequest(draft, session=self.session, held=self.held, pending=sequence[self.held:],
+        # (the server refuses it, unchanged, if the session holds anything else). Whatever `held`
+        # is, the server verifies the draft after exactly `sequence` or runs nothing: a wrong guess
+        # of the session's state costs a refusal (or a rebuild), never a token.
+        prefix = wire.prefix_digest(sequence[len(self.prompt_ids):held])
+        return wire.VerifyRequest(draft, session=session, held=held, pending=sequence[held:],
                                   sampling=sampling, prefix=prefix)
 
     def rollback(self, length: int) -> None:
-        # The server cut its cache to the verdict's prefix in the same request; nothing to send.
-        self.held = min(self.held, length)
+        # The server cut its cache to the verdict's prefix in the same request (its answer's `held`
+        # is that length, answers.verdict checks it); nothing to send. `held` is not cut here:
+        # with several verifications in flight a later verdict may have moved it on already.
+        pass
 
     def close(self) -> None:
         """End the session on the server (the clip is done), without waiting for the answer: the
