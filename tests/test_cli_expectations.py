@@ -204,6 +204,9 @@ def test_a_bare_name_that_is_no_folder_is_a_wrong_path_not_a_hub_id(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, at import: whether it was set before the first
+    # import depended on test order, so the constant itself is set too.
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     with pytest.raises(ModelError) as info:
         check_model("nope", "edge")
     assert str(info.value) == ("no such edge folder: nope; check the path (or give a Hub id such as "
