@@ -166,3 +166,72 @@ def test_a_shortened_schedule_keeps_the_onpolicy_phase_at_the_same_fraction():
     assert (r.distill["onpolicy_from"], r.distill["round_every"]) == (500, 100)
     assert RECIPES["edge_v4"].distill["onpolicy_from"] == 1250  # the recipe itself is untouched
     assert shortened(RECIPES["cloud_v4"], 100).distill is None and shortened(RECIPES["cloud_v4"], 100).eval_every == 100
+
+
+# --- the ears' supervision (issue 41: cloud_v4's audio tower kept no pitch) ----------------------
+def _with_measures(root, out):
+    """A copy of the tiny corpus whose clips carry measures and a gender label, as corpus v4's do."""
+    out.mkdir()
+    rng = random.Random(5)
+    for path in root.glob("*.json"):
+        metas = json.loads(path.read_text(encoding="utf-8"))
+        for m in metas:
+            m["measures"] = {"f0_hz": rng.uniform(90, 300), "rate": rng.uniform(2, 7), "level_dbfs": rng.uniform(-40, -12),
+                             "pause_share": rng.uniform(0, 0.3)}
+        (out / path.name).write_text(json.dumps(metas, ensure_ascii=False), encoding="utf-8")
+        (out / path.with_suffix(".npy").name).write_bytes(path.with_suffix(".npy").read_bytes())
+    return out
+
+
+def test_ear_targets_are_the_measures_standardised_by_hand():
+    from specdec_cli.demo.train import EarHead
+
+    meta = {"measures": {"f0_hz": 240.0, "rate": 5.9, "level_dbfs": -17.0, "pause_share": 0.18},
+            "labels": {"gender": "女声"}}
+    got = EarHead.targets(meta, {"男声": 120.0, "女声": 220.0})
+    semitones = 12 * np.log2(240 / 220)  # 1.506
+    want = [semitones / 4, (np.log(240) - np.log(165)) / 0.5, (5.9 - 4.4) / 1.5, (-17 + 25) / 8, (0.18 - 0.08) / 0.1, 1.0]
+    assert got == pytest.approx(want)
+
+
+def test_ear_head_reads_the_mean_of_each_clips_audio_tower_output(corpus, tmp_path):
+    from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+    from specdec_cli.demo.train import AttributeSpans, Corpus, EarHead, build_model, model_inputs
+    from specdec_cli.processor import audio_token_count
+
+    root = _with_measures(corpus, tmp_path / "c")
+    tok = build_qwen_style_tokenizer()
+    data = Corpus("train", tok, AttributeSpans(tok), root)
+    model = build_model(TINY, tok).eval()
+    head = EarHead(model, TINY.size["hidden"])
+    b = data.batch([0, 3, 5])
+    with torch.no_grad():
+        model(**model_inputs(b))
+        counts = [int(n) for n in b["feature_attention_mask"].sum(1)]
+        captured = torch.split(head._out, [audio_token_count(n) for n in counts])
+        # Oracle: the audio tower run alone on each clip's own (unpadded) features.
+        for row, (clip, h) in enumerate(zip(b["clips"], captured, strict=True)):
+            alone = model.get_audio_features(data.features(clip)[None],
+                                             feature_attention_mask=torch.ones((1, counts[row]), dtype=torch.long))
+            torch.testing.assert_close(h.mean(0), alone.last_hidden_state.mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_a_run_with_ears_resumes_exactly_and_exports_a_plain_thinker(corpus, tmp_path):
+    from specdec_cli.demo.train import export
+
+    root = _with_measures(corpus, tmp_path / "c")
+    recipe = replace(TINY, ears={"weight": 0.3})
+    full = train("tiny", recipe, tmp_path / "a", root, log=_quiet)
+    train("tiny", recipe, tmp_path / "b", root, stop_after=4, log=_quiet)
+    resumed = train("tiny", recipe, tmp_path / "b", root, log=_quiet)
+    for k, v in full["ears"].items():
+        assert torch.equal(v, resumed["ears"][k]), k
+    for k, v in full["model"].items():
+        assert torch.equal(v, resumed["model"][k]), k
+    plain = train("tiny", TINY, tmp_path / "p", root, log=_quiet)  # the ears' loss changes the weights
+    assert not all(torch.equal(v, plain["model"][k]) for k, v in full["model"].items())
+    export(tmp_path / "a", tmp_path / "model")
+    from safetensors.torch import load_file
+
+    keys = load_file(tmp_path / "model" / "model.safetensors").keys()
+    assert keys and not any(k.split(".")[0] == "read" or ".read." in k for k in keys)

@@ -73,6 +73,9 @@ class Recipe:
     # The corpus it trains on: "v2" (corpus.py: espeak-ng's knob positions as labels) or "v4"
     # (corpus_v4.py: many voices, labels measured from the audio; demo contract v3).
     corpus: str = "v2"
+    # Training-only supervision of the audio tower by the clip's measures (EarHead below; v4 corpora
+    # only): {"weight": w}. None: the answer loss alone.
+    ears: dict | None = None
 
 
 RECIPES: dict[str, Recipe] = {
@@ -120,6 +123,14 @@ RECIPES: dict[str, Recipe] = {
         size=dict(hidden=128, layers=6, heads=4, kv_heads=2, ffn=256, audio_d=256, audio_layers=3, audio_heads=4,
                   audio_ffn=768, dropout=0.1, text_dropout=0.0),
         steps=5000, lr=1e-3, batch=16, warmup=300, eval_every=500, corpus="v4",
+    ),
+    # cloud_v4 with its ears supervised by the clip's measures (EarHead): cloud_v4's audio tower kept
+    # no pitch (bench/ear_probe.py: a linear probe of its pooled output reads pitch at chance, 39-42 %,
+    # where the same probe on the pooled log-mel reads 75-81 %), so the answer loss alone did not teach it.
+    "cloud_v4e": Recipe(
+        size=dict(hidden=128, layers=6, heads=4, kv_heads=2, ffn=256, audio_d=256, audio_layers=3, audio_heads=4,
+                  audio_ffn=768, dropout=0.1, text_dropout=0.0),
+        steps=5000, lr=1e-3, batch=16, warmup=300, eval_every=500, corpus="v4", ears=dict(weight=0.3),
     ),
     # v4's edge, distilled from cloud_v4 as v3's edge was from v3's cloud, with ears that can count
     # syllables: two audio layers 64 wide (v3's edge had one, 48 wide, and could not hear rate), the
@@ -259,6 +270,46 @@ def epoch_batches(data: Corpus, batch: int, seed: int, epoch: int) -> list[list[
 
 # ---------------------------------------------------------------------------------------------
 MODEL_INPUTS = ("input_ids", "attention_mask", "input_features", "feature_attention_mask")
+
+
+class EarHead(torch.nn.Module):
+    """Training-only: a linear read-out of the clip's mean audio-tower output (what the text side
+    attends to) predicting the clip's measures — its pitch in semitones from its gender's reference,
+    log F0, rate, level, pause share, and its gender. Its loss makes the ears keep what the labels are
+    made of; the head is not part of the exported model (a Qwen thinker as before). Hand-written: an
+    auxiliary head on a submodule's output is a few lines no library packages."""
+
+    SCALES = {"semitones": (0.0, 4.0), "log_f0": (math.log(165.0), 0.5), "rate": (4.4, 1.5),
+              "level_dbfs": (-25.0, 8.0), "pause_share": (0.08, 0.1)}
+
+    def __init__(self, model: torch.nn.Module, hidden: int) -> None:
+        super().__init__()
+        self.read = torch.nn.Linear(hidden, len(self.SCALES) + 1)
+        tower = next(m for n, m in model.named_modules() if n.endswith("audio_tower"))
+        self._out: torch.Tensor | None = None
+        tower.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:  # noqa: ARG002 (hook signature)
+        self._out = output.last_hidden_state
+
+    @staticmethod
+    def targets(meta: dict, references: dict[str, float]) -> list[float]:
+        m, gender = meta["measures"], meta["labels"]["gender"]
+        values = {"semitones": 12 * math.log2(m["f0_hz"] / references[gender]), "log_f0": math.log(m["f0_hz"]),
+                  "rate": m["rate"], "level_dbfs": m["level_dbfs"], "pause_share": m["pause_share"]}
+        return [(values[k] - mu) / sd for k, (mu, sd) in EarHead.SCALES.items()] + [float(gender == "女声")]
+
+    def loss(self, b: dict, data: Corpus) -> torch.Tensor:
+        """After the model's forward on batch `b`: mean squared error of the standardised measures
+        plus the gender's cross-entropy."""
+        from .measure import cut_points
+
+        refs = cut_points()["references_hz"]
+        counts = [audio_token_count(int(n)) for n in b["feature_attention_mask"].sum(1)]
+        pooled = torch.stack([h.mean(0) for h in torch.split(self._out, counts)])
+        pred = self.read(pooled)
+        y = torch.tensor([self.targets(data.meta[i], refs) for i in b["clips"]])
+        return F.mse_loss(pred[:, :-1], y[:, :-1]) + F.binary_cross_entropy_with_logits(pred[:, -1], y[:, -1])
 
 
 def model_inputs(b: dict) -> dict:
@@ -497,6 +548,8 @@ def identity(recipe: Recipe, corpus_fp: str, teacher: str | None = None) -> dict
         del r["distill"]
     if r["corpus"] == "v2":  # as before the field existed
         del r["corpus"]
+    if r["ears"] is None:
+        del r["ears"]
     out = {"recipe": r, "corpus": corpus_fp, "tokenizer": _tokenizer_hash(), "templates": list(TEMPLATES)}
     if teacher is not None:
         out["teacher"] = teacher
@@ -564,7 +617,9 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path | None = N
     run_dir.mkdir(parents=True, exist_ok=True)
     state_path = run_dir / "state.pt"
     model = build_model(recipe, tok)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    ears = EarHead(model, recipe.size["hidden"]) if recipe.ears else None
+    opt = torch.optim.AdamW(list(model.parameters()) + (list(ears.parameters()) if ears else []), lr=recipe.lr,
+                            weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(recipe))
     gen = torch.Generator().manual_seed(recipe.seed + 1)
     torch.manual_seed(recipe.seed + 2)  # dropout draws from the global generator
@@ -576,6 +631,8 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path | None = N
                 raise SystemExit(f"{state_path} was trained with another {key}; move it away to start over "
                                  f"(or rebuild the corpus/recipe it was made with)")
         model.load_state_dict(st["model"])
+        if ears is not None:
+            ears.load_state_dict(st["ears"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         gen.set_state(st["rng"]["noise"])
@@ -588,7 +645,7 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path | None = N
         return {"identity": ident, "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "rng": {"noise": gen.get_state(), "torch": torch.get_rng_state()},
                 "step": step, "epoch": epoch, "pos": pos, "history": history, "params": params, "pool": pool,
-                "saved_at": time.time()}
+                "saved_at": time.time(), **({"ears": ears.state_dict()} if ears is not None else {})}
 
     stop = _Stop()
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -601,7 +658,7 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path | None = N
     emit({"start": step, "params": params, "train": len(train_set), "time": time.time()})
     batches = epoch_batches(train_set, recipe.batch, recipe.seed, epoch)
     last_save, t0, done_here = time.time(), time.time(), 0
-    run_loss = run_nll = run_kd = 0.0
+    run_loss = run_nll = run_kd = run_ear = 0.0
     run_n = run_gold = 0
     model.train()
     try:
@@ -630,6 +687,10 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path | None = N
                 b = train_set.batch(batches[pos], recipe.feat_noise, gen)
                 logits = model(**model_inputs(b)).logits
                 loss, nll = answer_loss(logits, b, train_set, recipe)
+                if ears is not None:
+                    ear = ears.loss(b, train_set)
+                    loss = loss + recipe.ears["weight"] * ear
+                    run_ear += float(ear.detach())
                 kd = None
                 if d is not None:
                     kd = distill_loss(logits, b, [gold[i] for i in b["clips"]],
@@ -655,8 +716,10 @@ def train(name: str, recipe: Recipe, run_dir: Path, corpus_root: Path | None = N
                        "lr": sched.get_last_lr()[0], "s_per_step": round((time.time() - t0) / done_here, 3)}
                 if d is not None:
                     rec["kd"] = round(run_kd / run_n, 4)
+                if ears is not None:
+                    rec["ears"] = round(run_ear / max(run_gold, 1), 4)
                 emit(rec)
-                run_loss = run_nll = run_kd = 0.0
+                run_loss = run_nll = run_kd = run_ear = 0.0
                 run_n = run_gold = 0
             if step % recipe.eval_every == 0 or step == recipe.steps:
                 ev = {"step": step, **{k: evaluate_tf(model, v) for k, v in val_sets.items()}}
