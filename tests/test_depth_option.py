@@ -89,3 +89,125 @@ def test_auto_depth_on_the_client_follows_the_recent_acceptance():
         assert client.depth_for(None, 4) == 2              # a depth set is kept as set
     finally:
         client.close()
+
+
+# -- --depth on the command line --------------------------------------------------------------------
+
+CLOUD_COMMANDS = ("describe", "batch", "eval", "calibrate")  # every command with --cloud URL
+
+
+def test_every_command_with_cloud_has_depth():
+    from typer.testing import CliRunner
+
+    from specdec_cli.commands.app import app
+
+    for command in CLOUD_COMMANDS:
+        text = CliRunner().invoke(app, [command, "--help"], terminal_width=80).output
+        assert "--cloud" in text and "--depth" in text and "1-4|auto" in text, command
+
+
+@pytest.fixture(scope="module")
+def server():
+    from remote_helpers import Server
+
+    with Server() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    import shutil
+
+    from remote_helpers import ROOT
+
+    folder = tmp_path_factory.mktemp("clips")
+    for path in sorted((ROOT / "samples").glob("*.wav"))[:2]:
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+@pytest.fixture
+def depths(monkeypatch):
+    """The depth each clip's loop decoded with (the describer's call of speculative_decode)."""
+    from specdec_cli import decoding
+    from specdec_cli.decoding import loop
+
+    seen: list[int] = []
+
+    def spying(*args, **kwargs):
+        seen.append(kwargs.get("depth", 1))
+        return loop.speculative_decode(*args, **kwargs)
+    monkeypatch.setattr(decoding, "speculative_decode", spying)
+    return seen
+
+
+def invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from specdec_cli.commands.app import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+GREEDY_ALWAYS = ("--verify", "always", "--k", "3", "--greedy")
+
+
+def test_describe_depth_reaches_the_loop_and_changes_no_token(server, clips, depths):
+    import json
+
+    for clip in sorted(clips.glob("*.wav")):
+        here = invoke("describe", str(clip), "--json", *GREEDY_ALWAYS)
+        assert here.exit_code == 0, here.output
+        for depth in ("3", "auto"):
+            depths.clear()
+            there = invoke("describe", str(clip), "--json", *GREEDY_ALWAYS, "--cloud", server.url, "--depth", depth)
+            assert there.exit_code == 0, there.output
+            assert json.loads(there.stdout)["tokens"] == json.loads(here.stdout)["tokens"], (clip.name, depth)
+            assert depths and all(d == 3 for d in depths) if depth == "3" else all(1 <= d <= 4 for d in depths)
+
+
+def test_batch_and_eval_depth_reach_the_loop(server, clips, depths, tmp_path):
+    from specdec_cli.results import read_records
+
+    here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
+    assert invoke("batch", str(clips), "--out", str(here), *GREEDY_ALWAYS).exit_code == 0
+    depths.clear()
+    done = invoke("batch", str(clips), "--out", str(there), *GREEDY_ALWAYS, "--cloud", server.url, "--depth", "2")
+    assert done.exit_code == 0, done.output
+    assert depths == [2, 2], depths
+    tokens = {r["file"]: r["tokens"] for r in read_records(here)}
+    assert {r["file"]: r["tokens"] for r in read_records(there)} == tokens
+    depths.clear()
+    done = invoke("eval", str(clips), "--modes", "always", "--json", "--cloud", server.url, "--depth", "4")
+    assert done.exit_code == 0, done.output
+    assert depths and set(depths) == {4}, depths
+
+
+def test_the_library_pair_takes_depth(server):
+    from specdec import Pair
+
+    pair = Pair(cloud=server.url, depth=3)
+    assert pair.models.remote.depth == 3
+    with pytest.raises(InputError, match="1 to 4"):
+        Pair(cloud=server.url, depth=7)
+
+
+@pytest.mark.parametrize("command", CLOUD_COMMANDS)
+@pytest.mark.parametrize("bad", ["0", "5", "deep"])
+def test_a_bad_depth_is_one_line_exit_2(command, bad, clips, tmp_path):
+    import os
+    import subprocess
+
+    from remote_helpers import ROOT, SPECDEC
+
+    where = str(clips if command != "describe" else sorted(clips.glob("*.wav"))[0])
+    extra = ["--out", str(tmp_path / "r.jsonl")] if command == "batch" else []
+    if command == "calibrate":
+        extra = ["--out", str(tmp_path / "p.toml")]
+    done = subprocess.run([SPECDEC, command, where, *extra, "--depth", bad], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+    assert done.returncode == 2, (command, done.stderr)
+    # (eval says first, on a line of its own, that the folder has no labels)
+    lines = done.stderr.splitlines()
+    assert "Traceback" not in done.stderr and [line for line in lines if "--depth" in line] == lines[-1:], lines
+    assert lines[-1].startswith("error: --depth") and "1 to 4" in lines[-1], lines
