@@ -55,21 +55,27 @@ def test_auto_depth_hand_computed_cases():
     assert best_depth(0.050, 0.010, 4, 1.0) == 3      # 50 / 40 = 1.25 -> 2 blocks drafted per wait: 3
     assert best_depth(0.040, 0.010, 4, 1.0) == 2      # 40 / 40 = 1 -> 2
     assert best_depth(0.010, 0.010, 4, 1.0) == 2      # 10 / 40 -> ceil 1 -> 2
-    assert best_depth(0.0, 0.010, 4, 1.0) == 1        # no wait: nothing to hide
     assert best_depth(0.150, 0.005, 2, 1.0) == 4      # 150 / 10 = 15 -> capped at MAX_DEPTH
     assert best_depth(0.150, 0.005, 2, 1.0, max_depth=8) == 8
+    # Below 10 ms of wait (a loopback): one in flight, however clean.
+    assert best_depth(0.0, 0.010, 4, 1.0) == 1
+    assert best_depth(0.0099, 0.0001, 4, 1.0) == 1
     # a = 0.9, k = 2: clean 0.729 >= 0.3: the wait decides; 0.0535 / (2 * 0.02) = 1.34 -> 3.
     assert best_depth(0.0535, 0.02, 2, 0.9) == 3
     # a = 0.8, k = 5: clean 0.8^6 = 0.262 < 0.3: one in flight whatever the wait.
     assert best_depth(1.0, 0.001, 5, 0.8) == 1
     # a = 0.8, k = 4: clean 0.8^5 = 0.328 >= 0.3: 0.010 / 0.004 = 2.5 -> 1 + 3 = 4.
     assert best_depth(0.010, 0.001, 4, 0.8) == 4
-    # The demo pair's quality (k 12, a 0.44): clean ~ 2e-5: 1.
+    # The demo pair's quality (k 12, a 0.44): clean ~ 2e-5 on the independent model: 1 ...
     assert best_depth(0.0535, 0.0004, 12, 0.44) == 1
+    # ... but a measured share of whole blocks replaces a^(k+1): 0.47 clean, 53.5 / 4.8 -> 4.
+    assert best_depth(0.0535, 0.0004, 12, 0.44, clean=0.47) == 4
+    assert best_depth(0.0535, 0.0004, 12, 0.44, clean=0.29) == 1
+    assert best_depth(0.0535, 0.0060, 12, 1.0, clean=1.0) == 2  # 53.5 / 72 -> 1 -> 2
 
 
 @pytest.mark.parametrize("args", [(-1.0, 0.01, 4, 1.0), (float("nan"), 0.01, 4, 1.0), (0.1, 0.0, 4, 1.0),
-                                  (0.1, 0.01, 0, 1.0), (0.1, 0.01, 4, 1.5)])
+                                  (0.1, 0.01, 0, 1.0), (0.1, 0.01, 4, 1.5), (0.1, 0.01, 4, 1.0, 1.2)])
 def test_auto_depth_refuses_impossible_figures(args):
     with pytest.raises(ValueError):
         best_depth(*args)
@@ -80,10 +86,16 @@ def test_auto_depth_on_the_client_follows_the_recent_acceptance():
     try:
         client.depth = "auto"
         client.rtt_s, client.edge_token_s = 0.050, 0.010  # as if measured: no probe is sent
-        assert client.depth_for(None, 4) == 1              # prior a = 0.6: 0.6^5 = 0.08 < 0.3
-        client.recent.extend([(4, 4)] * 10)                # every draft kept: a = 1
+        assert client.depth_for(None, 4) == 1              # none measured: a = 0.6, 0.6^5 = 0.08 < 0.3
+        client.recent.extend([(4, 4)] * 10)                # every draft kept: all clean
         assert client.depth_for(None, 4) == 3
-        client.recent.extend([(0, 4)] * 40)                # then mostly rejected: a = 0.2
+        client.recent.extend([(1, 4)] * 20)                # 10 clean of 30: 0.33
+        assert client.depth_for(None, 4) == 3
+        client.recent.extend([(0, 4)] * 20)                # 10 of 50: 0.2
+        assert client.depth_for(None, 4) == 1
+        client.recent.clear()
+        client.recent.extend([(4, 4)] * 10)
+        client.rtt_s = 0.004                               # a loopback: one in flight
         assert client.depth_for(None, 4) == 1
         client.depth = 2
         assert client.depth_for(None, 4) == 2              # a depth set is kept as set

@@ -237,22 +237,26 @@ class RemoteClient:
     def depth(self, value: int | str) -> None:
         self._depth = parse_depth(value)  # InputError, one line, outside 1..MAX_DEPTH
 
-    def acceptance(self) -> float:
-        """Per-token acceptance over this run's last verified blocks (PRIOR_ACCEPTANCE before any)."""
+    def acceptance(self) -> tuple[float, float | None]:
+        """Over this run's last verified blocks: the per-token acceptance (PRIOR_ACCEPTANCE before
+        any), and the share of blocks whose whole draft was kept (None before any)."""
         with _COUNTING:
             recent = list(self.recent)
         drafted = sum(d for _, d in recent)
-        return sum(a for a, _ in recent) / drafted if drafted else PRIOR_ACCEPTANCE
+        if not drafted:
+            return PRIOR_ACCEPTANCE, None
+        return sum(a for a, _ in recent) / drafted, sum(a == d for a, d in recent) / len(recent)
 
     def depth_for(self, edge: Any, k: int) -> int:
         """The depth a clip decodes with: the one set, or with "auto" decoding/block_length.py's
         rule from the round trip and the edge's step (measured once per run, as for `block_k`; the
-        cloud's forward counts as 0 there too), the clip's k and the acceptance of the last
-        verified blocks."""
+        cloud's forward counts as 0 there too), the clip's k and the share of the last verified
+        blocks that came back whole."""
         if self._depth != "auto":
             return int(self._depth)
         self.measure(edge)
-        return best_depth(self.rtt_s, self.edge_token_s, k, self.acceptance())
+        acceptance, clean = self.acceptance()
+        return best_depth(self.rtt_s, self.edge_token_s, k, acceptance, clean)
 
     def measure(self, edge: Any) -> None:
         """The round trip (median of three GET /health) and the edge's time per token (median of
