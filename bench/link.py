@@ -246,8 +246,14 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
                 remote = Describer(loaded(edge, proxy.url, presets))
                 client = remote.pair.remote
                 keys = [("cloud", "-")] + [(m, v) for m in spec for v in variants(client, depths)]
+                # --depth auto reads the share of recent blocks kept whole: each mode its own record,
+                # as a run of one mode would have (the clients of one mode share it).
+                recents = {m: client.recent.__class__(maxlen=client.recent.maxlen)
+                           for m in cfgs} if hasattr(client, "recent") else {}
                 for m, v in keys:  # warm-up: connection, server caches
                     set_variant(client, v)
+                    if recents:
+                        client.recent = recents[m]
                     remote.run(audios[0], cfgs[m])
                 got: dict[tuple[str, str], list] = {key: [] for key in keys}
                 ahead: dict[tuple[str, str], list[int]] = {key: [0, 0] for key in keys}
@@ -257,6 +263,8 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
                     for i, audio in enumerate(audios):
                         for m, v in keys:
                             set_variant(client, v)
+                            if recents:
+                                client.recent = recents[m]
                             before = dict(AHEAD)
                             if depths and m != "cloud":
                                 used[m, v].append(client.depth_for(remote.pair.edge, cfgs[m].k))
@@ -370,9 +378,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def depth_table(out: dict[str, Any]) -> str:
     """--depth: a row per pair, delay, mode and depth: median s per clip, and per clip the round
     trips, verifications, out-of-sync refusals, cloud forwards run and not used, the depth used."""
-    head = ("| pair | +ms | mode | depth | s/clip | / cloud-only | / depth 1 | trips | verifications | out of sync "
-            "| wasted forwards | depth used | same tokens |")
-    parts = [head, "|---" * 13 + "|"]
+    head = ("| pair | +ms | mode | depth | s/clip | in process | / cloud-only | / depth 1 | trips | verifications "
+            "| out of sync | wasted forwards | depth used | same tokens |")
+    parts = [head, "|---" * 14 + "|"]
     for name, p in out["pairs"].items():
         for d, row in p["remote"].items():
             cloud = row["cloud"]["s_per_clip"]
@@ -383,7 +391,9 @@ def depth_table(out: dict[str, Any]) -> str:
                 first = row.get(f"{mode}/d1", {}).get("s_per_clip")
                 used = "-" if v.get("depth_used") is None else f"{v['depth_used']:.1f}"
                 per_first = "-" if not first else f"{v['s_per_clip'] / first:.2f}"
-                parts.append(f"| {name} | {d} | {mode} | {variant[1:]} | {v['s_per_clip']:.3f} | "
+                here = p.get("in_process", {}).get(mode, {}).get("s_per_clip")
+                here_cell = "-" if here is None else f"{here:.3f}"
+                parts.append(f"| {name} | {d} | {mode} | {variant[1:]} | {v['s_per_clip']:.3f} | {here_cell} | "
                              f"{v['s_per_clip'] / cloud:.2f} | {per_first} | "
                              f"{v['round_trips']:.1f} | {v['verifications']:.1f} | {v['out_of_sync']:.1f} | "
                              f"{v['discarded_forwards']:.1f} | {used} | {v['same_tokens']} |")

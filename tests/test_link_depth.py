@@ -38,9 +38,9 @@ def test_depth_table_by_hand(link):
     def row(s, trips, oos=0.0, used=1.0):
         return {"s_per_clip": s, "round_trips": trips, "verifications": trips, "out_of_sync": oos,
                 "discarded_forwards": 0.0, "depth_used": used, "same_tokens": "9/9"}
-    out = {"pairs": {"self": {"remote": {"50ms": {
+    out = {"pairs": {"self": {"in_process": {"always": {"s_per_clip": 0.25}}, "remote": {"50ms": {
         "cloud": {"s_per_clip": 0.2, "round_trips": 1.0, "same_tokens": "9/9"},
         "always/d1": row(0.4, 3.0), "always/d2": row(0.3, 4.0, 1.0, 2.0), "rtt_s": 0.0535}}}}}
     lines = link.depth_table(out).splitlines()
-    assert lines[2] == "| self | 50ms | always | 1 | 0.400 | 2.00 | 1.00 | 3.0 | 3.0 | 0.0 | 0.0 | 1.0 | 9/9 |"
-    assert lines[3] == "| self | 50ms | always | 2 | 0.300 | 1.50 | 0.75 | 4.0 | 4.0 | 1.0 | 0.0 | 2.0 | 9/9 |"
+    assert lines[2] == "| self | 50ms | always | 1 | 0.400 | 0.250 | 2.00 | 1.00 | 3.0 | 3.0 | 0.0 | 0.0 | 1.0 | 9/9 |"
+    assert lines[3] == "| self | 50ms | always | 2 | 0.300 | 0.250 | 1.50 | 0.75 | 4.0 | 4.0 | 1.0 | 0.0 | 2.0 | 9/9 |"
