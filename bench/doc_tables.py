@@ -423,6 +423,17 @@ def link_model(run: dict[str, Any]) -> list[str]:
     return rows
 
 
+def link_depth(run: dict[str, Any]) -> list[str]:
+    """docs/pipelining.md: bench/link.py --depth, a row per pair, delay, mode and depth (issue 43)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_bench_link", REPO / "bench/link.py")
+    assert spec is not None and spec.loader is not None
+    link = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(link)
+    return link.depth_table(run).splitlines()
+
+
 def link_goal(run: dict[str, Any]) -> list[str]:
     """docs/pipelining.md: the demo pair's presets against cloud-only per clip at +50 ms, each client."""
     row = run["pairs"]["demo"]["remote"]["50ms"]
@@ -949,6 +960,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
        for mode in ("fluent", "quality", "frugal")},
     "link_goal": link_goal,
     "link_model": link_model,
+    "link_depth": link_depth,
     "capacity": capacity,
     "demo_goals": demo_goals,
     "demo_goals_settings": demo_goals_settings,

@@ -1,7 +1,7 @@
 """The remote cloud behind a slower link: time and round trips per clip with D ms added per round trip.
 
     python bench/link.py [--quick] [--json] [--delays 0,10,50,100] [--pairs demo,self,noised]
-                         [--modes fluent,quality] [--edge DIR] [--out FILE]
+                         [--modes fluent,quality] [--edge DIR] [--out FILE] [--depth 1,2,3,auto]
 
 For each pair it starts a real `specdec serve` process on 127.0.0.1 (a free port, stopped by its
 pid) hosting the pair's cloud, and per delay D a delaying TCP proxy process in front of it: every
@@ -15,7 +15,12 @@ trip costs D more, whatever its size, and nothing in the client sleeps. Over the
   specdec has (`variants`): the blocking one of before issue 28 ("legacy"; on a specdec from
   before it, "blocking"), the blocking one whose session close is not waited for, the pipelined
   one (`RemoteClient.pipelined`: the edge drafts ahead while a verdict is in flight) and the
-  pipelined one with `RemoteClient.upload = "eager"` (the clip up at the clip's start).
+  pipelined one with `RemoteClient.upload = "eager"` (the clip up at the clip's start). With
+  `--depth 1,2,3,auto` instead, one client per depth (`RemoteClient.depth`: verifications a clip
+  keeps in flight, protocol 3; pipelined, lazy upload), each a row with its out-of-sync refusals
+  and the cloud forwards run and not used, per clip.
+
+`--modes` takes any preset, and `always`: the quality preset with every block verified.
 
 It reports the median seconds per clip (and the mean), round trips per clip and whether every
 clip's tokens equal the in-process
@@ -144,16 +149,21 @@ def modes(names: tuple[str, ...] = SPEC, presets: Path = PRESETS) -> dict[str, A
 
     def preset(name: str) -> DecodingConfig:
         return DecodingConfig().with_(**resolve(name, [presets]).values)
+    def mode(name: str) -> DecodingConfig:
+        return preset("quality").with_(verify="always") if name == "always" else preset(name)
     return {"edge": DecodingConfig(mode="edge"), "cloud": DecodingConfig(mode="cloud"),
-            **{name: preset(name) for name in names}}
+            **{name: mode(name) for name in names}}
 
 
-def variants(client: Any) -> list[str]:
+def variants(client: Any, depths: tuple[str, ...] = ()) -> list[str]:
     """The remote clients this specdec has. Before issue 28 only "blocking" (each verification
     waited for; the session's close one more round trip). After it: "legacy" (that client,
     reproduced here: blocking, the close waited for), "blocking" (the close sent without waiting),
     "pipelined" (the edge drafts ahead while a verdict is in flight; the clip up at the first
-    verification) and "eager" (pipelined, the clip up at the clip's start)."""
+    verification) and "eager" (pipelined, the clip up at the clip's start). With `depths`: "d1",
+    "d2", ..., "dauto", the pipelined client with that `RemoteClient.depth` (issue 43)."""
+    if depths:
+        return [f"d{d}" for d in depths]
     if not hasattr(client, "pipelined"):
         return ["blocking"]
     return ["legacy", "blocking", "pipelined", "eager"]
@@ -179,8 +189,10 @@ def set_variant(client: Any, variant: str) -> None:
         client.send_later = _waited(client)
     else:
         client.__dict__.pop("send_later", None)
-    client.pipelined = variant in ("pipelined", "eager")
+    client.pipelined = variant in ("pipelined", "eager") or variant.startswith("d")
     client.upload = "eager" if variant == "eager" else "lazy"
+    if hasattr(client, "depth"):
+        client.depth = variant[1:] if variant.startswith("d") else 1
 
 
 AHEAD = {"drafted": 0, "kept": 0}  # blocks drafted ahead (came back whole) and kept, this process
@@ -211,7 +223,7 @@ def count_ahead() -> None:
 
 
 def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repeats: int,
-               spec: tuple[str, ...] = SPEC, presets: Path = PRESETS) -> dict[str, Any]:
+               spec: tuple[str, ...] = SPEC, presets: Path = PRESETS, depths: tuple[str, ...] = ()) -> dict[str, Any]:
     from specdec_cli.describe import Describer
     from specdec_cli.remote.local_server import LocalServer
 
@@ -233,18 +245,29 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
             try:
                 remote = Describer(loaded(edge, proxy.url, presets))
                 client = remote.pair.remote
-                keys = [("cloud", "-")] + [(m, v) for m in spec for v in variants(client)]
+                keys = [("cloud", "-")] + [(m, v) for m in spec for v in variants(client, depths)]
+                # --depth auto reads the share of recent blocks kept whole: each mode its own record,
+                # as a run of one mode would have (the clients of one mode share it).
+                recents = {m: client.recent.__class__(maxlen=client.recent.maxlen)
+                           for m in cfgs} if hasattr(client, "recent") else {}
                 for m, v in keys:  # warm-up: connection, server caches
                     set_variant(client, v)
+                    if recents:
+                        client.recent = recents[m]
                     remote.run(audios[0], cfgs[m])
                 got: dict[tuple[str, str], list] = {key: [] for key in keys}
                 ahead: dict[tuple[str, str], list[int]] = {key: [0, 0] for key in keys}
+                used: dict[tuple[str, str], list[int]] = {key: [] for key in keys}  # the depth each clip had
                 # Clip by clip, every mode and client back to back, so that a load spike hits all.
                 for _ in range(repeats):
                     for i, audio in enumerate(audios):
                         for m, v in keys:
                             set_variant(client, v)
+                            if recents:
+                                client.recent = recents[m]
                             before = dict(AHEAD)
+                            if depths and m != "cloud":
+                                used[m, v].append(client.depth_for(remote.pair.edge, cfgs[m].k))
                             got[m, v].append((i, remote.run(audio, cfgs[m])))
                             ahead[m, v][0] += AHEAD["drafted"] - before["drafted"]
                             ahead[m, v][1] += AHEAD["kept"] - before["kept"]
@@ -258,6 +281,16 @@ def bench_pair(edge: Path, cloud: Path, audios: list, delays: list[float], repea
                         "same_tokens": f"{same}/{len(runs)}",
                         "ahead_drafted_per_clip": ahead[m, v][0] / len(runs),
                         "ahead_kept_per_clip": ahead[m, v][1] / len(runs)}
+                    if depths:
+                        links = [r.link for _, r in runs]
+                        row[m if m == "cloud" else f"{m}/{v}"].update({
+                            "verifications": statistics.fmean(li.verifications for li in links),
+                            "out_of_sync": statistics.fmean(li.out_of_sync for li in links),
+                            "discarded_forwards": statistics.fmean(li.discarded_forwards for li in links),
+                            "escalations": statistics.fmean(r.result.stats.escalations for _, r in runs),
+                            "depth_used": statistics.fmean(used[m, v]) if used[m, v] else None})
+                if depths:
+                    row["rtt_s"] = client.rtt_s if client.rtt_s else None  # measured by --depth auto's probes
                 client.close()
                 out["remote"][f"{d:g}ms"] = row
             finally:
@@ -295,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                               "edge), e.g. an earlier demo edge against the same bundled cloud")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1, help="passes over the clips per delay")
+    ap.add_argument("--depth", default="", help="verifications in flight to time, one client each, e.g. 1,2,3,auto "
+                                                "(instead of the legacy/blocking/pipelined/eager clients)")
     ap.add_argument("--proxy-to", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -312,7 +347,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     audios = [load_audio(p, 16000, 30.0) for p in samples]
     cloud = DEMO / "cloud"
     spec = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    depths = tuple(d.strip() for d in args.depth.split(",") if d.strip())
+    if depths:
+        from specdec_cli.decoding.block_length import parse_depth
+
+        for d in depths:
+            parse_depth(d)  # 1..4 or auto
     out: dict[str, Any] = {"clips": len(samples), "repeats": args.repeats, "modes": list(spec), "threads": args.threads, "delays_ms": delays,
+                           "depths": list(depths),
                            "load_average": list(os.getloadavg()), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                            time.gmtime()),
                            "pairs": {}}
@@ -322,14 +364,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if name == "noised":
                 edges[name] = noised_copy(cloud, Path(tmp) / "noised", args.noise)
             presets = edges[name] / "specdec_presets.toml" if name == "demo" and args.edge else PRESETS
-            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats, spec, presets)
+            out["pairs"][name] = bench_pair(edges[name], cloud, audios, delays, args.repeats, spec, presets,
+                                           depths)
             print(f"{name}: done", file=sys.stderr, flush=True)
     out["load_average_after"] = list(os.getloadavg())
     text = json.dumps(out, ensure_ascii=False, indent=2)
     if args.out is not None:
         args.out.write_text(text + "\n")
-    print(text if args.json else table(out))
+    print(text if args.json else (depth_table(out) if depths else table(out)))
     return out
+
+
+def depth_table(out: dict[str, Any]) -> str:
+    """--depth: a row per pair, delay, mode and depth: median s per clip, and per clip the round
+    trips, verifications, out-of-sync refusals, cloud forwards run and not used, the depth used."""
+    head = ("| pair | +ms | mode | depth | s/clip | in process | / cloud-only | / depth 1 | trips | verifications "
+            "| out of sync | wasted forwards | depth used | same tokens |")
+    parts = [head, "|---" * 14 + "|"]
+    for name, p in out["pairs"].items():
+        for d, row in p["remote"].items():
+            cloud = row["cloud"]["s_per_clip"]
+            for key, v in row.items():
+                if key in ("cloud", "rtt_s"):
+                    continue
+                mode, variant = key.split("/")
+                first = row.get(f"{mode}/d1", {}).get("s_per_clip")
+                used = "-" if v.get("depth_used") is None else f"{v['depth_used']:.1f}"
+                per_first = "-" if not first else f"{v['s_per_clip'] / first:.2f}"
+                here = p.get("in_process", {}).get(mode, {}).get("s_per_clip")
+                here_cell = "-" if here is None else f"{here:.3f}"
+                parts.append(f"| {name} | {d} | {mode} | {variant[1:]} | {v['s_per_clip']:.3f} | {here_cell} | "
+                             f"{v['s_per_clip'] / cloud:.2f} | {per_first} | "
+                             f"{v['round_trips']:.1f} | {v['verifications']:.1f} | {v['out_of_sync']:.1f} | "
+                             f"{v['discarded_forwards']:.1f} | {used} | {v['same_tokens']} |")
+    return "\n".join(parts)
 
 
 def table(out: dict[str, Any]) -> str:

@@ -76,16 +76,17 @@ class Pair:
     With a remote cloud: `on_cloud_failure` "edge" finishes a clip whose cloud fails it on the edge
     (its record's `fallback` says why and where), "fail" (the default here, as measurements need)
     makes the failure the clip's error; `cloud_deadline`: the cloud's budget in seconds for a whole
-    clip (None: each request's own deadline only)."""
+    clip (None: each request's own deadline only); `depth`: verifications a clip keeps in flight,
+    1..4 or "auto" (each block sent before the verdict it assumes; it changes no token)."""
 
     def __init__(self, edge: str | None = None, cloud: str | None = None, device: str = "cpu",
                  dtype: str = "float32", presets: str | Path | None = None, *,
                  edge_device: str | None = None, cloud_device: str | None = None,
                  cloud_timeout: float | None = None, on_cloud_failure: str = "fail",
-                 cloud_deadline: float | None = None) -> None:
+                 cloud_deadline: float | None = None, depth: int | str = 1) -> None:
         self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
                                cloud_device=cloud_device, cloud_timeout=cloud_timeout,
-                               on_cloud_failure=on_cloud_failure, cloud_deadline=cloud_deadline))
+                               on_cloud_failure=on_cloud_failure, cloud_deadline=cloud_deadline, depth=depth))
 
     @classmethod
     def from_spec(cls, spec: PairSpec) -> Pair:
@@ -103,6 +104,7 @@ class Pair:
                                            cloud_down=spec.cloud_down)
         if self.models.remote is not None:
             self.models.remote.upload = spec.upload
+            self.models.remote.depth = spec.depth
         one_thread_if_tiny(self.models)
         self.models.gate = self._gate(spec)
         if self.models.gate is None and spec.gate is not None:

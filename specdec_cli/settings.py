@@ -252,13 +252,16 @@ class PairSpec:
     # that needs no cloud: --mode edge): its one-line error. The run then describes on the edge
     # alone and marks every record (describe.Describer), instead of refusing to start (issue 44).
     cloud_down: str | None = field(default=None, compare=False)
+    # Verifications a clip keeps in flight with a remote cloud: 1..4, or "auto" (RemoteClient.depth;
+    # the rule: decoding/block_length.py's best_depth). It changes no token.
+    depth: int | str = field(default=1, compare=False)
 
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
            presets: str | Path | None = None, *, edge_device: str | None = None,
            cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str = "lazy",
            on_cloud_failure: str = "fail", cloud_deadline: float | None = None,
-           cloud_needed: bool = True) -> PairSpec:
+           cloud_needed: bool = True, depth: int | str = 1) -> PairSpec:
         """Check what can be checked without loading (the dtype, the presets file, the model
         folders) and ask a remote cloud who it is. A cloud that is down: with `on_cloud_failure`
         "edge", or when the run needs no cloud (`cloud_needed` False: --mode edge), the spec says so
@@ -271,6 +274,9 @@ class PairSpec:
             checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
         if upload not in ("eager", "lazy", "auto"):
             raise InputError(f"--upload {upload} is not a choice; give --upload eager, lazy or auto")
+        from .decoding.block_length import parse_depth
+
+        depth = parse_depth(depth)  # 1..4 or auto, else one line, exit 2, before loading
         from .describe import CloudPolicy
 
         CloudPolicy(on_cloud_failure, cloud_deadline)  # a bad choice or deadline: exit 2 before loading
@@ -299,7 +305,7 @@ class PairSpec:
         else:
             check_model(cloud_ref, "cloud")
         return cls(edge, cloud, device, dtype, edge_device, cloud_device, files, info, cloud_timeout, gate, upload,
-                   on_cloud_failure, cloud_deadline, down)
+                   on_cloud_failure, cloud_deadline, down, depth)
 
     @property
     def remote(self) -> bool:

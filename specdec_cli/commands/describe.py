@@ -57,7 +57,7 @@ def spec_of(models: Models, presets_file: Path | None, on_cloud_failure: str = "
 
     return PairSpec.of(models.edge, models.cloud, models.device, models.dtype, presets_file,
                        edge_device=models.edge_device, cloud_device=models.cloud_device,
-                       cloud_timeout=models.cloud_timeout, upload=models.upload,
+                       cloud_timeout=models.cloud_timeout, upload=models.upload, depth=models.depth,
                        on_cloud_failure=on_cloud_failure, cloud_deadline=deadline_s,
                        cloud_needed=_mode_given(given) != "edge")
 

@@ -66,6 +66,7 @@ class Models:
     dtype: str = "float32"
     cloud_timeout: float | None = None  # --cloud-timeout (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
     upload: str = "lazy"  # --upload: when a clip goes up to a --cloud URL (remote/client.py UPLOADS)
+    depth: str = "1"  # --depth: verifications a clip keeps in flight, 1..4 or auto (block_length.py)
 
 
 MODELS_PARAMS = {
@@ -89,6 +90,10 @@ MODELS_PARAMS = {
         "escalation (a clip the edge keeps never leaves the device); eager: at its start, the server prefilling "
         "while the edge drafts; auto: eager when this run's clips so far show it pays (docs/pipelining.md).",
         panel=_M, show_default=True)], "lazy"),
+    "depth": (Annotated[str, _opt(
+        "--depth", metavar="1-4|auto", help="With --cloud http://…: verifications a clip keeps in flight, each "
+        "block sent before the verdict it assumes (changes no token). auto: per clip from the round trip, the "
+        "edge's speed, k and the recent acceptance (docs/pipelining.md).", panel=_M, show_default=True)], "1"),
 }
 
 # -- generation: length, prompt and sampling, for every command that decodes --------------------------

@@ -40,6 +40,7 @@ import torch
 
 from .. import __version__
 from ..decoding.acceptance import Verdict, recovered_token, sampling_uniforms
+from ..decoding.block_length import MAX_DEPTH, PRIOR_ACCEPTANCE, best_depth, parse_depth
 from ..decoding.config import DecodingConfig
 from ..decoding.drafter import Proposal
 from ..decoding.loop import DecodeResult, DecodeStats, Refused
@@ -60,9 +61,9 @@ BACKGROUND_MAX = 8
 # not specdec's one-line JSON error): retried like a dropped connection.
 UPSTREAM_LOST = (500, 502, 504)
 UPLOADS = ("eager", "lazy", "auto")  # --upload: when a clip goes up (RemoteClient.upload)
-# --depth: verifications one clip may have in flight. The server lets one session queue
-# sessions.MAX_QUEUED (4) behind the one it runs; more would be refused as session_busy.
-MAX_DEPTH = 4
+# --depth: verifications one clip may have in flight (decoding/block_length.py: MAX_DEPTH, 4, the
+# server's sessions.MAX_QUEUED; the rule for `auto`).
+RECENT_BLOCKS = 64  # --depth auto: the acceptance of this run's last verified blocks
 # Link counters are added to from every thread a clip's requests run on (several verifications in
 # flight): one lock, held for a few additions.
 _COUNTING = threading.Lock()
@@ -187,8 +188,10 @@ class RemoteClient:
         self.pipelined = True
         # Verifications one clip may have in flight (issue 43): 1, the next block drafted while
         # the verdict is out but sent after it; D > 1, sent before the verdicts it assumes
-        # (protocol 3), at most D at once. Each runs on a worker thread of its own.
-        self.depth = 1
+        # (protocol 3), at most D at once. Each runs on a worker thread of its own. "auto": D per
+        # clip from this link's round trip, the edge's step, k and the recent acceptance (`depth_for`).
+        self._depth: int | str = 1
+        self.recent: deque[tuple[int, int]] = deque(maxlen=RECENT_BLOCKS)  # (accepted, drafted) per verdict
         self._worker: ThreadPoolExecutor | None = None
         self._worker_size = 0
         self._block_k: int | None = None  # block_k(), once measured
@@ -225,6 +228,49 @@ class RemoteClient:
     def fingerprint(self) -> str:
         return str(self.info.get("fingerprint", ""))
 
+    @property
+    def depth(self) -> int | str:
+        """Verifications one clip may have in flight: 1..MAX_DEPTH, or "auto" (`depth_for`)."""
+        return self._depth
+
+    @depth.setter
+    def depth(self, value: int | str) -> None:
+        self._depth = parse_depth(value)  # InputError, one line, outside 1..MAX_DEPTH
+
+    def acceptance(self) -> tuple[float, float | None]:
+        """Over this run's last verified blocks: the per-token acceptance (PRIOR_ACCEPTANCE before
+        any), and the share of blocks whose whole draft was kept (None before any)."""
+        with _COUNTING:
+            recent = list(self.recent)
+        drafted = sum(d for _, d in recent)
+        if not drafted:
+            return PRIOR_ACCEPTANCE, None
+        return sum(a for a, _ in recent) / drafted, sum(a == d for a, d in recent) / len(recent)
+
+    def depth_for(self, edge: Any, k: int) -> int:
+        """The depth a clip decodes with: the one set, or with "auto" decoding/block_length.py's
+        rule from the round trip and the edge's step (measured once per run, as for `block_k`; the
+        cloud's forward counts as 0 there too), the clip's k and the share of the last verified
+        blocks that came back whole."""
+        if self._depth != "auto":
+            return int(self._depth)
+        self.measure(edge)
+        acceptance, clean = self.acceptance()
+        return best_depth(self.rtt_s, self.edge_token_s, k, acceptance, clean)
+
+    def measure(self, edge: Any) -> None:
+        """The round trip (median of three GET /health) and the edge's time per token (median of
+        five one-token steps of `edge` on a short text prompt), once per run."""
+        if self.edge_token_s > 0:
+            return
+        trips = []
+        for _ in range(3):
+            started = time.perf_counter()
+            self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP)
+            trips.append(time.perf_counter() - started)
+        self.rtt_s = sorted(trips)[1]
+        self.edge_token_s = edge_token_time(edge)
+
     def block_k(self, edge: Any) -> int:
         """The block length for this link (decoding/block_length.py), measured once per run: the
         round trip (median of three GET /health), the edge's time per token (median of five
@@ -233,13 +279,7 @@ class RemoteClient:
         if self._block_k is None:
             from ..decoding.block_length import best_k
 
-            trips = []
-            for _ in range(3):
-                started = time.perf_counter()
-                self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP)
-                trips.append(time.perf_counter() - started)
-            self.rtt_s = sorted(trips)[1]
-            self.edge_token_s = edge_token_time(edge)
+            self.measure(edge)
             self._block_k = best_k(self.rtt_s, self.edge_token_s)
         return self._block_k
 
@@ -252,13 +292,15 @@ class RemoteClient:
 
     def worker(self) -> ThreadPoolExecutor:
         """The threads verifications run on while the loop drafts ahead: `depth` of them (a clip
-        has at most `depth` verifications in flight; the eager upload takes its turn on them too)."""
-        if self._worker is not None and self._worker_size != self.depth:
+        has at most `depth` verifications in flight; the eager upload takes its turn on them too;
+        MAX_DEPTH of them with "auto")."""
+        size = MAX_DEPTH if self._depth == "auto" else int(self._depth)
+        if self._worker is not None and self._worker_size != size:
             self._worker.shutdown(wait=True)  # (the depth was changed between clips)
             self._worker = None
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=self.depth, thread_name_prefix="specdec-verify")
-            self._worker_size = self.depth
+            self._worker = ThreadPoolExecutor(max_workers=size, thread_name_prefix="specdec-verify")
+            self._worker_size = size
         return self._worker
 
     def settle(self, timeout_s: float = BACKGROUND_S) -> None:
@@ -690,6 +732,8 @@ class RemoteCloud:
             self.all_forwards += answer.all_forwards
         if spent is not None:
             spent[0] = answer.forwards
+        with _COUNTING:
+            self.client.recent.append((answer.accepted, len(draft)))
         token = answer.token
         if target_row is not None:
             # Rejected while sampling: the residual needs the drafter's row, which is here.

@@ -1,0 +1,59 @@
+"""Issue 43: several verifications in flight through `specdec serve --replicas 2` (a real local Ray
+Serve, two replicas of the bundled demo cloud behind one HTTP address): with depth 3, greedy, on
+every bundled sample, the tokens and blocks equal the in-process run's (the oracle: edge and cloud
+in this process, `Describer`). Blocks are drafted ahead whatever the timings (`always_ahead`), so
+blocks really are sent ahead: some are used, some refused as out of sync, none run and wasted.
+
+One fleet for the module, started on a free loopback port and stopped by its pid (as in
+tests/test_serve_fleet.py, whose teardown this shares)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from remote_helpers import Server
+from test_depth import always_ahead, local, pair, remote_runs, sent_ahead  # noqa: F401 (fixtures)
+from test_pipeline import GREEDY, SAMPLES
+from test_serve_fleet import alive, descendants
+
+pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.spawns
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    log = tmp_path_factory.mktemp("fleet") / "serve.log"
+    server = Server("--replicas", "2", "--replica-cpus", "0.5", log=log)
+    server.start(timeout=300)
+    yield server
+    tree = descendants(server.proc.pid)
+    os.kill(server.proc.pid, signal.SIGTERM)
+    try:
+        code = server.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        code = None
+    deadline = time.monotonic() + 30
+    while (left := {p for p in tree if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # ours: started under the fleet's process
+        os.kill(pid, signal.SIGKILL)
+    assert code == 0, server.logged()[-2000:]
+    assert not left, f"processes left running after the fleet stopped: {sorted(left)}"
+
+
+def test_depth_3_through_two_replicas_gives_the_in_process_tokens(fleet, local, always_ahead, sent_ahead):  # noqa: F811
+    cfgs = [GREEDY["always"], GREEDY["always"].with_(k=2), GREEDY["quality"]]
+    sums = remote_runs(fleet.url, local, cfgs, SAMPLES, 3)
+    print(sums, sent_ahead)
+    assert len(SAMPLES) == 9
+    assert sent_ahead["verdict"] > 0 and sent_ahead["refused"] > 0, sent_ahead
+    assert sums["out_of_sync"] > 0 and sums["discarded_forwards"] == 0, sums
+    # A session stays on one replica (sticky routing): none was rebuilt, every verification but the
+    # refused ones gave a verdict the loop used.
+    assert sums["rebuilds"] == 0, sums
+    assert sums["verifications"] == sums["escalations"] + sent_ahead["refused"], (sums, sent_ahead)
