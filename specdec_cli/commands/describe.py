@@ -155,6 +155,8 @@ def describe(
     # The panel is for a person at a terminal: a pipe or a log gets it only when asked (--panel).
     show_panel = (err.is_terminal and views) if panel is None else panel and not quiet
     failed = described = ok = 0
+    # A cloud that fails mid-run: explained at the first clip it fails, counted after (batch does the same)
+    fallbacks = ui.FallbackTally("segments" if segment else "clips")
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
         nonlocal failed
@@ -200,9 +202,10 @@ def describe(
                         raise
                     failure(clip, exc, where)
                     continue
-                if result.record.get("fallback") is not None and pair.models.cloud_down is None:
-                    err.print(ui.fallback_note(label_of(clip, where), result.record), markup=False,
-                              style="yellow", soft_wrap=True)
+                fallbacks.add(result.record)
+                note = fallbacks.note(label_of(clip, where), result.record)
+                if note is not None and pair.models.cloud_down is None:  # a cloud down from the start: said once
+                    err.print(note, markup=False, style="yellow")
                 if show_trace and result.events:
                     ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
                 if show_panel:
@@ -223,6 +226,8 @@ def describe(
         what = "segments" if segment else "clips"
         raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
                           f"{len(clips) - clips.index(clip)} of {ui.clips(len(clips))} not finished, from {clip}") from None
+    if fallbacks.fell_back and fallbacks.clips > 1 and pair.models.cloud_down is None:
+        err.print(fallbacks.line(), markup=False, style="yellow")
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)
