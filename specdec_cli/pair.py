@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from .audio import load_audio, prepare_waveform
 from .describe import Describer, Description, Outcome, describe_many, rows_for
-from .errors import one_line
+from .errors import RETRYABLE, error_kind, one_line
 from .fast_imports import quiet_libraries
 from .models import ModelPair, load_pair, one_thread_if_tiny, pin_threads
 from .records import clip_record, error_record
@@ -293,13 +293,14 @@ class Pair:
     def _outcome(self, run: Settings, outcome: Outcome[Any], path: Path, segment: Segment | None = None) -> Result:
         if outcome.error is not None or outcome.description is None or outcome.audio is None:
             message = one_line(outcome.error or RuntimeError("no result"))
-            return Result(error_record(self.models, run, str(path), message, segment))
+            return Result(error_record(self.models, run, str(path), message, segment, error_kind(outcome.error)))
         return self._result(run, str(path), outcome.audio, outcome.description, segment)
 
     def error_record(self, file: str | Path, resolved: Settings, message: str,
-                     segment: Segment | None = None) -> dict[str, Any]:
-        """The record of a clip that failed, with everything this run's records carry."""
-        return error_record(self.models, resolved, str(file), message, segment)
+                     segment: Segment | None = None, kind: str = RETRYABLE) -> dict[str, Any]:
+        """The record of a clip that failed, with everything this run's records carry; `kind`: its
+        errors.error_kind."""
+        return error_record(self.models, resolved, str(file), message, segment, kind)
 
     def rows(self, resolved: Settings, batch_size: int) -> int:
         """How many clips this run decodes together at `batch_size` (1 where it cannot batch:

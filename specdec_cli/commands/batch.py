@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import InputError, SpecdecError, printable
+from ..errors import RETRYABLE, InputError, SpecdecError, printable
 from . import ui
 from .app import Interrupted
 from .describe import cloud_down_note, load, spec_of
@@ -131,8 +131,8 @@ def batch(
             err.print("rerun with --retry-fallback to describe them with the cloud", markup=False, style="yellow")
     others = f"; {len(found.skipped)} other entries skipped (named above)" if found.skipped else ""
     if summary.failed:
-        rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
-            "; their records say why"
+        rerun = f"; their records in {out} say why" if not to_stdout else "; their records say why"
+        rerun += ui.failure_advice(summary.kinds, to_stdout)
         if segment:
             raise SpecdecError(f"{summary.failed} of {summary.ok + summary.failed} records (segments, or recordings "
                                f"that could not be cut) failed{rerun}{others}")
@@ -148,6 +148,7 @@ class _Summary:
         self.link = ui.LinkTally()
         self.cloud_free = ui.CloudFreeTally()
         self.fallback = ui.FallbackTally("segments" if segment else "clips")
+        self.kinds: dict[str, int] = {}  # failed records by error_kind
 
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
@@ -181,6 +182,8 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
                 progress.console.print(note, markup=False, style="yellow")
             if failed:
                 summary.failed += 1
+                kind = record.get("error_kind", RETRYABLE)  # a record from before error_kind: may succeed
+                summary.kinds[kind] = summary.kinds.get(kind, 0) + 1
                 # one line per file, even in a log; the name printable (a newline or ESC in a file name)
                 progress.console.print(f"failed: {printable(str(path))}{where}: {printable(record['error'])}",
                                        markup=False, style="yellow", soft_wrap=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..audio import check_path, probe
-from ..errors import InputError, one_line
+from ..errors import InputError, error_kind, one_line
 from ..inputs import check_clips, some_failed
 from ..segments import Piece
 from ..strict_json import dumps_record
@@ -125,6 +125,7 @@ def describe(
         # not after the ~12 s the models take to load.
         probe(Path(clips[0]))
         bad: dict[str, str] = {}
+        bad_kind: dict[str, str] = {}
     else:  # many: every file checked before the models load, every problem listed at once (inputs.py)
         checked = check_clips(clips, lambda c: Path(c))
         for skip in checked.skipped:
@@ -132,6 +133,7 @@ def describe(
         if not checked.clips:
             raise InputError(f"none of the {len(clips)} clips can be read (each said why above)")
         bad = {str(s.path): s.reason for s in checked.skipped}
+        bad_kind = {str(s.path): s.kind for s in checked.skipped}
     if plot is not None and len(clips) > 1:
         raise InputError("--plot draws one clip's trace; give one clip")
     if plot is not None and segment:
@@ -166,7 +168,8 @@ def describe(
         err.print(f"error: {message if clip in message and where is None else f'{label}: {message}'}",
                   markup=False, soft_wrap=True)
         if json_out:
-            _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where)))
+            _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where,
+                                                  error_kind(exc))))
 
     try:
         for clip in clips:
@@ -174,7 +177,8 @@ def describe(
                 failed += 1
                 described += 1
                 if json_out:
-                    _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip])))
+                    _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip],
+                                                          kind=bad_kind[clip])))
                 continue
             if segment:
                 try:

@@ -500,6 +500,28 @@ def clips(n: int) -> str:
     return f"{n} clip" if n == 1 else f"{n} clips"
 
 
+def failure_advice(kinds: dict[str, int], to_stdout: bool = False) -> str:
+    """What to do about a batch's failed records, by their `error_kind`: a rerun only for those it may
+    help; for the others, what would ("; …" parts to end the batch's error line)."""
+    from ..errors import RETRYABLE
+
+    def n(count: int, one: str, many: str) -> str:
+        return f"{count} {one if count == 1 else many}"
+
+    retry, too_long, bad = kinds.get(RETRYABLE, 0), kinds.get("too_long", 0), kinds.get("input", 0)
+    parts = []
+    if too_long:
+        other = " (and another --out)" if not to_stdout else ""
+        parts.append(f"{n(too_long, 'is', 'are')} longer than the model takes: add --segment{other} to describe "
+                     f"{'it' if too_long == 1 else 'them'} in segments")
+    if bad:
+        parts.append(f"{n(bad, 'cannot be described as it is', 'cannot be described as they are')}: fix or "
+                     f"remove {'it' if bad == 1 else 'them'} (a rerun fails {'it' if bad == 1 else 'them'} again)")
+    if retry:
+        parts.append("rerun to retry them" if not (too_long or bad) else f"rerun to retry the {retry} that may succeed")
+    return "".join(f"; {p}" for p in parts)
+
+
 def fallback_note(label: str, record: dict) -> str:
     """The first clip of a run that the edge finished alone because its cloud failed (the record's
     fallback): what failed and what was done, said once; later ones are counted (FallbackTally)."""
