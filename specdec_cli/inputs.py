@@ -28,6 +28,11 @@ A = TypeVar("A")
 ATTRIBUTES = 6
 
 
+def clips(n: int, noun: str = "clip") -> str:
+    """A count as a person says it: "1 clip", "2 clips", "1 calibration clip"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A file left out, and why (one line, printable: a file name cannot carry an escape sequence)."""

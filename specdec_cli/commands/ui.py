@@ -496,8 +496,10 @@ class CloudFreeTally:
 
 
 def clips(n: int) -> str:
-    """"1 clip", "2 clips": a count as a person says it."""
-    return f"{n} clip" if n == 1 else f"{n} clips"
+    """"1 clip", "2 clips": a count as a person says it (inputs.clips)."""
+    from ..inputs import clips as count
+
+    return count(n)
 
 
 def failure_advice(kinds: dict[str, int], to_stdout: bool = False) -> str:

@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 from .. import __version__
 from ..errors import InputError, SpecdecError, one_line
+from ..inputs import clips as count_clips
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec-omni[ray]'"
 
@@ -339,7 +340,7 @@ class _Pool:
                 self._hand_out()
                 if not self.running and not self.pings:
                     left = len(self.todo) + len(self.suspects)
-                    raise SpecdecError(f"no Ray worker left to describe {left} clips ({self.last_failure}); "
+                    raise SpecdecError(f"no Ray worker left to describe {count_clips(left)} ({self.last_failure}); "
                                        "the results so far are kept: rerun to resume")
                 [ref], _ = self.ray.wait([*self.running, *self.pings], num_returns=1)
                 if ref in self.pings:
