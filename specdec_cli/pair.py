@@ -63,6 +63,10 @@ class Result:
             return record[name]
         raise AttributeError(f"{type(self).__name__} has no field {name!r}; record fields: {', '.join(record)}")
 
+    def __dir__(self) -> list[str]:
+        """The record's fields beside the attributes of its own, as tab completion and help() show them."""
+        return sorted(set(super().__dir__()) | set(self.__dict__.get("record", {})))
+
     def __getitem__(self, key: str) -> Any:
         return self.record[key]
 
@@ -78,11 +82,14 @@ class Pair:
     makes the failure the clip's error; `cloud_deadline`: the cloud's budget in seconds for a whole
     clip (None: each request's own deadline only)."""
 
+    _api = False  # True when built by Pair(...) from Python; the command line's come from from_spec
+
     def __init__(self, edge: str | None = None, cloud: str | None = None, device: str = "cpu",
                  dtype: str = "float32", presets: str | Path | None = None, *,
                  edge_device: str | None = None, cloud_device: str | None = None,
                  cloud_timeout: float | None = None, on_cloud_failure: str = "fail",
                  cloud_deadline: float | None = None) -> None:
+        self._api = True  # built from Python: messages speak of its methods, not of the command line's options
         self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
                                cloud_device=cloud_device, cloud_timeout=cloud_timeout,
                                on_cloud_failure=on_cloud_failure, cloud_deadline=cloud_deadline))
@@ -184,7 +191,10 @@ class Pair:
         if isinstance(audio, (str, Path)):
             if rate is not None:
                 raise ValueError("rate is for waveforms; a file says its own rate")
-            samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data)
+            # The Python API's terms for a file over the window: its caller has Pair.segments, not --segment.
+            hint = (f"cut it at pauses with pair.segments({str(audio)!r}) and describe each piece (or "
+                    "describe_many(files, segment=True))") if self._api else None
+            samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data, hint)
             self._check_rate(str(audio), _file_rate(Path(audio), data))
             return str(audio), samples
         if rate is None:
