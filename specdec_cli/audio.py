@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError, printable
+from .errors import InputError, TooLong, printable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -251,13 +251,16 @@ class _AvStream:
         self._container.close()
 
 
-def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: bytes | None = None) -> np.ndarray:
+def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: bytes | None = None,
+               too_long_hint: str | None = None) -> np.ndarray:
     """The clip at `path` as mono float32 at `sampling_rate`, after validation (see module doc).
     With `data`, the clip is those bytes (the file's content, read elsewhere: a Ray driver ships
-    them to workers that cannot see its disk) and `path` only names it in messages."""
+    them to workers that cannot see its disk) and `path` only names it in messages.
+    `too_long_hint`: what to do with a clip over the window, in the caller's terms (None: the
+    command line's, segment_hint)."""
     path = Path(path)
     info = _opened(path, data)
-    limit = _check_header(info, path, max_seconds, data)
+    limit = _check_header(info, path, max_seconds, data, too_long_hint)
     try:
         samples = _decode(path, data, info, limit)
     except InputError:
@@ -265,10 +268,10 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
     except Exception as exc:  # a decoder's failure on a damaged file, whatever its type: one line
         raise InputError(f"cannot decode {path} as audio ({_reason(exc)}); give a {_formats_hint()} file") from exc
     if samples.shape[0] > limit:
-        raise InputError(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
-                         f"per clip: {segment_hint(max_seconds)}")
+        raise TooLong(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
+                         f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     _warn_if_short(path, data, info, samples.shape[0])
-    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path)
+    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path, too_long_hint)
 
 
 class TruncatedClip(UserWarning):
@@ -344,15 +347,16 @@ def _stated_seconds(info) -> float | None:
     return info.frames / info.samplerate
 
 
-def _check_header(info, path: Path, max_seconds: float, data: bytes | None = None) -> int:
+def _check_header(info, path: Path, max_seconds: float, data: bytes | None = None,
+                  too_long_hint: str | None = None) -> int:
     """What the header says, checked before anything is decoded; the most frames the clip may hold."""
     _check_format(info, path)
     rate = info.samplerate
     # The header tells the length before anything is decoded, so a 2-hour file is refused at once.
     stated = _stated_seconds(info)
     if stated is not None and stated > max_seconds:
-        raise InputError(f"{path} is {info.frames / rate:.1f} s long; the model takes at most "
-                         f"{max_seconds:g} s per clip: {segment_hint(max_seconds)}")
+        raise TooLong(f"{path} is {info.frames / rate:.1f} s long; the model takes at most "
+                         f"{max_seconds:g} s per clip: {too_long_hint or segment_hint(max_seconds)}")
     if stated is not None and info.format == "FLAC":
         _check_flac_body(path, data, info)
     return math.floor(max_seconds * rate)
@@ -486,7 +490,7 @@ def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float
     if seconds < MIN_SECONDS:
         raise InputError(f"{path} is {seconds:.3f} s long; give a clip of at least {MIN_SECONDS:g} s")
     if seconds > max_seconds:  # headers of some compressed files under-report the length
-        raise InputError(f"{path} is {seconds:.1f} s long; the model takes at most {max_seconds:g} s "
+        raise TooLong(f"{path} is {seconds:.1f} s long; the model takes at most {max_seconds:g} s "
                          f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     if not np.isfinite(data).all():
         raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")

@@ -62,6 +62,7 @@ from .calibration_objective import (
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .inputs import Skipped, check_clips, clips_for_resolution, read_all, resolution_points
+from .inputs import clips as count_clips
 from .phrases import ATTRIBUTES, agreement
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ def gate_presets_toml(g: GateChoice, n_calib: int) -> str:
         g.name, f"cheapest within {g.points:g} point(s) of cloud-only on the meaning gate, counting clips that go up "
         f"({_by(g.margin)})", cfg.k, cfg.uncertainty, g.fallback_threshold, cfg.gate_upload, cfg.gate_verify,
         [_gate_comment("calibration", g.calib), _gate_comment("check", g.check), *sure])
-    about = (f"fitted by specdec calibrate on {n_calib} clips ({g.swaps} self-labelled swaps, {g.changed} changed "
+    about = (f"fitted by specdec calibrate on {count_clips(n_calib)} ({g.swaps} self-labelled swaps, {g.changed} changed "
              "what the sentence says)")
     return "\n" + "\n".join(lines) + "\n\n" + gate_toml(g.gate, about)
 
@@ -382,14 +383,14 @@ class Calibration:
         lines = []
         tightest = min(c.points for c in self.choices)
         if self.n_calib < clips_for_resolution(tightest):
-            lines.append(f"the choice rests on {self.n_calib} calibration clips (checked on {self.n_check}): one "
+            lines.append(f"the choice rests on {count_clips(self.n_calib, 'calibration clip')} (checked on {self.n_check}): one "
                          f"attribute changed on one clip moves quality by {resolution_points(self.n_calib):.1f} "
                          f"points, more than the {tightest:g}-point target; calibrate on at least "
-                         f"{self.clips_needed(tightest)} clips")
+                         f"{count_clips(self.clips_needed(tightest))}")
         for c in self.choices:
             if not c.met and c.selection is not None:
                 lines.append(f"{c.name}: no setting was shown within {c.points:g} point(s) of cloud-only on "
-                             f"{self.n_calib} + {self.n_check} clips (--margin {c.selection.margin:g}), so it "
+                             f"{self.n_calib} + {count_clips(self.n_check)} (--margin {c.selection.margin:g}), so it "
                              f"verifies every block ({c.run.name}: cloud-only's answers); calibrate on more clips: "
                              f"even a setting that matches cloud-only on every clip needs "
                              f"{self.clips_needed(c.points)}")

@@ -38,6 +38,10 @@ class InputError(SpecdecError):
     exit_code = 2
 
 
+class TooLong(InputError):
+    """A clip over the model's window: describable in segments (--segment), never as it is."""
+
+
 class ModelError(SpecdecError):
     """A model or processor that cannot be loaded, or a pair that does not fit together."""
 
@@ -51,3 +55,18 @@ def one_line(exc: BaseException) -> str:
         return exc.message
     text = str(exc).strip().splitlines()
     return printable(f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
+
+
+# What kind of failure a failed clip's record holds (its `error_kind`): "input" (the file cannot be
+# described as it is: not audio, silent, too short, damaged), "too_long" (over the model's window:
+# describe it in segments), "failed" (anything else: a cloud, memory, a worker; a rerun may succeed).
+RETRYABLE = "failed"
+
+
+def error_kind(exc: BaseException | None) -> str:
+    """The `error_kind` of a clip that failed with `exc`: only "failed" is worth a rerun as it is."""
+    if isinstance(exc, TooLong):
+        return "too_long"
+    if isinstance(exc, InputError):
+        return "input"
+    return RETRYABLE

@@ -22,6 +22,7 @@ from .decoding.config import DecodingConfig
 from .describe import Describer, describe_many
 from .errors import InputError, SpecdecError, one_line
 from .inputs import Skipped, read_all
+from .inputs import clips as count_clips
 from .metrics import immediate_repeats
 from .phrases import ATTRIBUTES, agreement, predict
 from .presets import PresetFiles, load_presets, resolve
@@ -257,7 +258,8 @@ def run_eval(pair: Pair, clips: Sequence[LabelledClip], modes: Sequence[EvalMode
     left out of every mode, told to `on_skip` (inputs.read_all); none left: SpecdecError."""
     clips, audios, skipped = read_all(clips, lambda c: pair.read(c.path)[1], lambda c: c.path, on_skip)
     if not clips:
-        raise SpecdecError(f"none of the {len(skipped)} clips could be read (each said why above)")
+        raise SpecdecError(f"none of the {count_clips(len(skipped))} could be read (each said why above)"
+                           if len(skipped) != 1 else "the one clip could not be read (it said why above)")
     warm_up(pair.describer, audios[0])
     records: list[dict[str, Any]] = []
     for mode in modes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from .errors import SpecdecError, one_line, printable
+from .errors import SpecdecError, error_kind, one_line, printable
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -28,12 +28,18 @@ A = TypeVar("A")
 ATTRIBUTES = 6
 
 
+def clips(n: int, noun: str = "clip") -> str:
+    """A count as a person says it: "1 clip", "2 clips", "1 calibration clip"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A file left out, and why (one line, printable: a file name cannot carry an escape sequence)."""
 
     path: Path
     reason: str
+    kind: str = "input"  # errors.error_kind of why
 
     def line(self) -> str:
         name = printable(str(self.path))
@@ -63,7 +69,7 @@ def check_clips(items: Iterable[T], path_of: Callable[[T], Path] = Path) -> Chec
         try:
             probe(path)
         except SpecdecError as exc:
-            checked.skipped.append(Skipped(path, exc.message))
+            checked.skipped.append(Skipped(path, exc.message, error_kind(exc)))
         else:
             checked.clips.append(item)
     return checked
@@ -80,7 +86,7 @@ def read_all(items: Sequence[T], read: Callable[[T], A], path_of: Callable[[T], 
         try:
             audio = read(item)
         except SpecdecError as exc:
-            skip = Skipped(path_of(item), exc.message)
+            skip = Skipped(path_of(item), exc.message, error_kind(exc))
         except Exception as exc:  # a decoder's failure on a damaged file, whatever its type
             skip = Skipped(path_of(item), one_line(exc))
         else:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from .audio import load_audio, prepare_waveform
 from .describe import Describer, Description, Outcome, describe_many, rows_for
-from .errors import one_line
+from .errors import RETRYABLE, error_kind, one_line
 from .fast_imports import quiet_libraries
 from .models import ModelPair, load_pair, one_thread_if_tiny, pin_threads
 from .records import clip_record, error_record
@@ -63,6 +63,10 @@ class Result:
             return record[name]
         raise AttributeError(f"{type(self).__name__} has no field {name!r}; record fields: {', '.join(record)}")
 
+    def __dir__(self) -> list[str]:
+        """The record's fields beside the attributes of its own, as tab completion and help() show them."""
+        return sorted(set(super().__dir__()) | set(self.__dict__.get("record", {})))
+
     def __getitem__(self, key: str) -> Any:
         return self.record[key]
 
@@ -79,11 +83,14 @@ class Pair:
     clip (None: each request's own deadline only); `depth`: verifications a clip keeps in flight,
     1..4 or "auto" (each block sent before the verdict it assumes; it changes no token)."""
 
+    _api = False  # True when built by Pair(...) from Python; the command line's come from from_spec
+
     def __init__(self, edge: str | None = None, cloud: str | None = None, device: str = "cpu",
                  dtype: str = "float32", presets: str | Path | None = None, *,
                  edge_device: str | None = None, cloud_device: str | None = None,
                  cloud_timeout: float | None = None, on_cloud_failure: str = "fail",
                  cloud_deadline: float | None = None, depth: int | str = 1) -> None:
+        self._api = True  # built from Python: messages speak of its methods, not of the command line's options
         self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
                                cloud_device=cloud_device, cloud_timeout=cloud_timeout,
                                on_cloud_failure=on_cloud_failure, cloud_deadline=cloud_deadline, depth=depth))
@@ -186,7 +193,10 @@ class Pair:
         if isinstance(audio, (str, Path)):
             if rate is not None:
                 raise ValueError("rate is for waveforms; a file says its own rate")
-            samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data)
+            # The Python API's terms for a file over the window: its caller has Pair.segments, not --segment.
+            hint = (f"cut it at pauses with pair.segments({str(audio)!r}) and describe each piece (or "
+                    "describe_many(files, segment=True))") if self._api else None
+            samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data, hint)
             self._check_rate(str(audio), _file_rate(Path(audio), data))
             return str(audio), samples
         if rate is None:
@@ -295,13 +305,14 @@ class Pair:
     def _outcome(self, run: Settings, outcome: Outcome[Any], path: Path, segment: Segment | None = None) -> Result:
         if outcome.error is not None or outcome.description is None or outcome.audio is None:
             message = one_line(outcome.error or RuntimeError("no result"))
-            return Result(error_record(self.models, run, str(path), message, segment))
+            return Result(error_record(self.models, run, str(path), message, segment, error_kind(outcome.error)))
         return self._result(run, str(path), outcome.audio, outcome.description, segment)
 
     def error_record(self, file: str | Path, resolved: Settings, message: str,
-                     segment: Segment | None = None) -> dict[str, Any]:
-        """The record of a clip that failed, with everything this run's records carry."""
-        return error_record(self.models, resolved, str(file), message, segment)
+                     segment: Segment | None = None, kind: str = RETRYABLE) -> dict[str, Any]:
+        """The record of a clip that failed, with everything this run's records carry; `kind`: its
+        errors.error_kind."""
+        return error_record(self.models, resolved, str(file), message, segment, kind)
 
     def rows(self, resolved: Settings, batch_size: int) -> int:
         """How many clips this run decodes together at `batch_size` (1 where it cannot batch:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .errors import RETRYABLE
 from .metrics import punct_density, repeat_rate
 
 if TYPE_CHECKING:
@@ -123,10 +124,14 @@ def fallback_fields(result: DecodeResult) -> dict[str, Any]:
 
 
 def error_record(pair: ModelPair, settings: Settings, file: str, message: str,
-                 segment: Segment | None = None) -> dict[str, Any]:
-    """The record of a clip that failed: `error` says why; a batch retries it on resume. A segment's
-    says which segment failed; a recording that could not be cut at all has no segment fields."""
+                 segment: Segment | None = None, kind: str = RETRYABLE) -> dict[str, Any]:
+    """The record of a clip that failed: `error` says why, `error_kind` what kind of failure it is
+    (errors.error_kind) and `retry` whether a rerun as it is may succeed (a batch retries it on
+    resume either way). A segment's says which segment failed; a recording that could not be cut at
+    all has no segment fields."""
     extra = _context(pair, settings)
+    extra["error_kind"] = kind
+    extra["retry"] = kind == RETRYABLE
     if segment is not None:
         extra.update(segment.fields())
     return build_record(file, None, None, settings.cfg, settings.preset, None, message, **extra)

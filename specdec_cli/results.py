@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import InputError, one_line, printable
+from .errors import RETRYABLE, InputError, error_kind, one_line, printable
 from .records import RECORD_FIELDS
 from .settings import RunSettings, differences
 from .strict_json import dumps_record
@@ -517,4 +517,8 @@ def describe_or_error(path: Path, describe: Callable[[Path], dict[str, Any]],
     try:
         return describe(path)
     except Exception as exc:  # one bad clip must not stop the batch; its record says why
-        return error_record(path, one_line(exc))
+        record = error_record(path, one_line(exc))
+        if "error_kind" in record:  # a record of this run's kind: say whether a rerun may help
+            record["error_kind"] = error_kind(exc)
+            record["retry"] = record["error_kind"] == RETRYABLE
+        return record

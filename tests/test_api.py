@@ -143,3 +143,30 @@ def test_the_package_is_installed_with_specdec_cli():
     include = re.search(r"include = \[(.*?)\]", text).group(1)
     assert '"specdec"' in include and '"specdec_cli*"' in include
     assert os.path.isfile(ROOT / "specdec" / "__init__.py")
+
+
+def test_a_file_over_the_window_is_answered_in_the_apis_terms(pair, tmp_path):
+    """Issue 44: from Python, a clip over 30 s said "add --segment", an option the API has not; it
+    names what the API has (Pair.segments, describe_many's segment=True), and the command line
+    still names its option."""
+    long = tmp_path / "long.wav"
+    sf.write(str(long), np.full(31 * 1000, 0.1, np.float32), 1000)  # 31 s at 1 kHz: small, over the window
+    with pytest.raises(InputError) as caught:
+        pair.describe(long)
+    message = str(caught.value)
+    assert "--segment" not in message and f"pair.segments({str(long)!r})" in message, message
+    assert "segment=True" in message
+    _, result = next(pair.describe_many([long]))
+    assert "pair.segments(" in result.error and result.error_kind == "too_long" and result.retry is False
+    cli = CliRunner().invoke(app, ["describe", str(long)])
+    assert cli.exit_code == 2 and "add --segment" in cli.stderr, cli.output
+
+
+def test_dir_of_a_result_lists_its_fields(pair):
+    """Issue 44: the record's fields are attributes (`result.cloud_calls`), but dir() and tab
+    completion did not show them."""
+    result = pair.describe(SAMPLE, max_new_tokens=8)
+    names = dir(result)
+    assert set(result.record) <= set(names), sorted(set(result.record) - set(names))
+    assert {"description", "cloud_calls", "record", "events", "token_ids"} <= set(names)
+    assert all(getattr(result, name) == result.record[name] for name in result.record)

@@ -357,6 +357,43 @@ def test_batch_subprocess_records_the_bad_corpus_without_tracebacks(tmp_path, mo
     assert records["good.wav"]["error"] is None
     for path, phrase in corpus.values():
         assert phrase in records[path.name]["error"], records[path.name]
+    # Issue 44: none of these can succeed on a rerun; the records and the last line say so, and what
+    # to do instead (before: "rerun to retry them" for every one, and no field to tell them apart)
+    assert "retry" not in records["good.wav"] and "error_kind" not in records["good.wav"]
+    for kind, (path, _) in corpus.items():
+        want = "too_long" if kind == "too_long" else "input"
+        assert (records[path.name]["error_kind"], records[path.name]["retry"]) == (want, False), kind
+    last = proc.stderr.splitlines()[-1]
+    assert last == (f"error: {len(corpus)} of {len(corpus) + 1} files failed; their records in {out} say why; "
+                    "1 is longer than the model takes: add --segment (and another --out) to describe it in "
+                    f"segments; {len(corpus) - 1} cannot be described as they are: fix or remove them (a rerun "
+                    "fails them again)"), last
+    assert "rerun to retry" not in proc.stderr
+
+
+def test_the_advice_suggests_a_rerun_only_for_what_a_rerun_may_fix():
+    from specdec_cli.commands.ui import failure_advice
+
+    assert failure_advice({"failed": 2}) == "; rerun to retry them"
+    assert failure_advice({"failed": 2, "input": 1}) == ("; 1 cannot be described as it is: fix or remove it (a rerun "
+                                                         "fails it again); rerun to retry the 2 that may succeed")
+    assert failure_advice({"too_long": 2}, to_stdout=True) == ("; 2 are longer than the model takes: add --segment to "
+                                                              "describe them in segments")
+
+
+def test_a_clip_that_raises_is_retryable_and_a_bad_one_is_not(tmp_path):
+    from specdec_cli.errors import InputError, TooLong
+    from specdec_cli.results import describe_or_error
+
+    def record(path, message):
+        return {"file": str(path), "error": message, "error_kind": "failed", "retry": True}
+
+    for exc, kind in ((RuntimeError("CUDA out of memory"), "failed"), (InputError("x is silent"), "input"),
+                      (TooLong("x is 31.0 s long"), "too_long")):
+        def describe(path, exc=exc):
+            raise exc
+        got = describe_or_error(tmp_path / "a.wav", describe, record)
+        assert (got["error_kind"], got["retry"]) == (kind, kind == "failed")
 
 
 # The real `specdec batch` (same entry point, its own process, real signals and files), gated: after

@@ -192,3 +192,34 @@ def test_eval_uses_a_presets_file(tmp_path, clips, models):
     assert result.exit_code == 0, result.stderr
     cfg = json.loads(result.stdout)["settings"]["configs"]["fluent"]
     assert (cfg["threshold"], cfg["k"]) == (0.25, 3)
+
+
+@pytest.mark.spawns
+def test_off_a_terminal_calibrate_prints_plain_bounded_progress_on_stderr(tmp_path, clips, models):
+    """Issue 44: with stderr a log or a pipe (no bar), calibrate was silent until it ended (~95 s on
+    the bundled pair). Now: a plain line per tenth of the decodes, the gate fit's once, on stderr."""
+    out = tmp_path / "presets.toml"
+    result = run_specdec("calibrate", str(clips), "--out", str(out), *models, *FAST, timeout=600)
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("calibrate: ") and "decodes" in line]
+    assert 3 <= len(progress) <= 11, result.stderr
+    assert "\x1b" not in result.stderr and "decodes" not in result.stdout
+    assert any(line.endswith("decodes, fitting the meaning gate") for line in progress), progress
+    counted = [line for line in progress if "elapsed" in line]
+    done = [tuple(map(int, line.split()[1].split("/"))) for line in counted]
+    assert done == sorted(done) and done[-1][0] == done[-1][1], progress  # the last says every decode is done
+    assert all(len(line) <= 80 for line in progress), progress
+
+
+def test_one_clip_per_half_is_said_as_one_clip(tmp_path, models):
+    """Issue 44: "calibration half (1 clips)", "chose on 1 clips", "on 1 calibration clips"."""
+    for i in range(2):
+        write_clip(tmp_path / "two" / f"c{i}.wav", seconds=0.6, seed=i)
+    out = tmp_path / "presets.toml"
+    result = invoke("calibrate", str(tmp_path / "two"), "--out", str(out), *models, *FAST)
+    assert result.exit_code == 0, result.stderr
+    said = result.stdout + result.stderr + out.read_text(encoding="utf-8")
+    assert "1 clips" not in said and "1 calibration clips" not in said, said
+    assert "calibration half (1 clip) · check half (1 clip)" in result.stdout
+    assert "calibrate: chose on 1 clip, checked on 1" in result.stderr
+    assert "the choice rests on 1 calibration clip (checked on 1)" in result.stderr

@@ -251,7 +251,8 @@ def test_a_clip_that_fails_mid_decode(results, done, how, models):
     code, stdout, stderr = specdec(how, *args)
     assert code == 1 and stdout == ""
     assert stderr.endswith("error: 1 of 3 files failed; their records in "
-                           f"{out} say why (rerun to retry them)\n"), stderr
+                           f"{out} say why; 1 cannot be described as it is: fix or remove it (a rerun fails it "
+                           "again)\n"), stderr
     after = out.read_bytes()
     # the successes stay, byte for byte and in order; the old error line is dropped (its clip was
     # retried) and the retry's error record appended

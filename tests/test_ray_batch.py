@@ -292,7 +292,7 @@ def test_workers_that_cannot_load_stop_the_run_with_their_reason(local_ray, tmp_
     clips[0].write_bytes(b"x")
     events: list[WorkerEvent] = []
     describe_all = ray_batch.describe_all(RayOptions("auto", workers=2), unloadable_session, 1, events.append)
-    with pytest.raises(SpecdecError, match=r"no Ray worker left to describe 1 clips \(worker \d: cannot load the "
+    with pytest.raises(SpecdecError, match=r"no Ray worker left to describe 1 clip \(worker \d: cannot load the "
                                            r"tokenizer of '/nowhere'\)"):
         list(describe_all(clips))
     assert sorted((e.index, e.kind) for e in events) == [(0, "failed"), (1, "failed")]

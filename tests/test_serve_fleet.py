@@ -365,3 +365,21 @@ def test_the_fleet_needs_ray_serve_installed(monkeypatch):
     result = CliRunner().invoke(app, ["serve", "--replicas", "2"])
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {INSTALL_HINT}"
+
+
+def test_worker_lines_in_a_log_file_carry_no_colour_codes():
+    """Issue 44: a fleet's log (`specdec serve --replicas 2 2> serve.log`) held Ray's colour codes
+    around each replica line's `(ServeReplica:cloud pid=…)` prefix. Off a terminal (a fresh process
+    whose streams are pipes, as the CLI writing to a file) the prefix is plain: what Ray's driver
+    prints for a worker's line, through Ray's own printer."""
+    code = ("import io; from specdec_cli.scale.serve_fleet import require_serve; require_serve(); "
+            "from ray._private.worker import print_worker_logs; out = io.StringIO(); "
+            "print_worker_logs({'pid': 4242, 'ip': '127.0.0.1', 'localhost': '127.0.0.1', 'actor_name': "
+            "'ServeReplica:cloud:cloud', 'task_name': '', 'is_err': True, 'lines': ['INFO:     127.0.0.1:5 - "
+            "\"GET /health HTTP/1.1\" 200 OK']}, out); print(repr(out.getvalue()))")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_COLOR_PREFIX", "NO_COLOR")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = eval(done.stdout.strip())  # the repr of what Ray printed
+    assert "pid=4242" in printed and "GET /health" in printed, printed
+    assert "\x1b" not in printed, printed

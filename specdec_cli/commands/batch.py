@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import InputError, SpecdecError, printable
+from ..errors import RETRYABLE, InputError, SpecdecError, printable
 from . import ui
 from .app import Interrupted
 from .describe import cloud_down_note, load, spec_of
@@ -126,12 +126,13 @@ def batch(
     elif summary.cloud_free.clips:
         err.print(summary.cloud_free.line(), markup=False, soft_wrap=True)
     if summary.fallback.fell_back:
-        hint = "; rerun with --retry-fallback to describe them with the cloud" if not to_stdout else ""
-        err.print(summary.fallback.line(hint), markup=False, style="yellow", soft_wrap=True)
+        err.print(summary.fallback.line(), markup=False, style="yellow")
+        if not to_stdout:
+            err.print("rerun with --retry-fallback to describe them with the cloud", markup=False, style="yellow")
     others = f"; {len(found.skipped)} other entries skipped (named above)" if found.skipped else ""
     if summary.failed:
-        rerun = f"; their records in {out} say why (rerun to retry them)" if not to_stdout else \
-            "; their records say why"
+        rerun = f"; their records in {out} say why" if not to_stdout else "; their records say why"
+        rerun += ui.failure_advice(summary.kinds, to_stdout)
         if segment:
             raise SpecdecError(f"{summary.failed} of {summary.ok + summary.failed} records (segments, or recordings "
                                f"that could not be cut) failed{rerun}{others}")
@@ -142,11 +143,12 @@ def batch(
 
 
 class _Summary:
-    def __init__(self, ok: int = 0, failed: int = 0, skipped: int = 0) -> None:
+    def __init__(self, ok: int = 0, failed: int = 0, skipped: int = 0, segment: bool = False) -> None:
         self.ok, self.failed, self.skipped = ok, failed, skipped
         self.link = ui.LinkTally()
         self.cloud_free = ui.CloudFreeTally()
-        self.fallback = ui.FallbackTally()
+        self.fallback = ui.FallbackTally("segments" if segment else "clips")
+        self.kinds: dict[str, int] = {}  # failed records by error_kind
 
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
@@ -154,7 +156,7 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
     from ..results import pending, run_batch
 
     todo, skipped = pending(files, results, segment)
-    summary = _Summary(skipped=skipped)
+    summary = _Summary(skipped=skipped, segment=segment)
     if not todo:
         return summary
     pair = load(spec, err) if ray_options is None else None  # a Ray driver loads no model
@@ -175,8 +177,13 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
             summary.fallback.add(record)
             failed = record["error"] is not None
             where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
+            note = summary.fallback.note(f"{printable(str(path))}{where}", record)
+            if note is not None and (pair is None or pair.models.cloud_down is None):  # a down cloud: said at start
+                progress.console.print(note, markup=False, style="yellow")
             if failed:
                 summary.failed += 1
+                kind = record.get("error_kind", RETRYABLE)  # a record from before error_kind: may succeed
+                summary.kinds[kind] = summary.kinds.get(kind, 0) + 1
                 # one line per file, even in a log; the name printable (a newline or ESC in a file name)
                 progress.console.print(f"failed: {printable(str(path))}{where}: {printable(record['error'])}",
                                        markup=False, style="yellow", soft_wrap=True)

@@ -44,6 +44,41 @@ class _Bar:
         self.progress.advance(self.task)
 
 
+class _Lines:
+    """calibrate.Progress for a log or a pipe (stderr not a terminal): a plain line at each tenth of
+    the decodes (eleven lines at most, the gate fit's included), each saying how far the run is and
+    how long the rest may take, so a run of minutes is not silent. The total shrinks once the
+    thresholds are known; a tenth is of the total at the time."""
+
+    def __init__(self, console: Console) -> None:
+        import time
+
+        self.console, self.clock = console, time.monotonic
+        self.start = self.clock()
+        self.planned = self.done = self.tenths = 0
+        self.name = ""
+
+    def total(self, clips: int) -> None:
+        self.planned = clips
+
+    def running(self, name: str) -> None:
+        self.name = name
+        if name == "gate fit":  # a phase with no decodes to count: said once, as it starts
+            self.console.print(f"calibrate: {self.done}/{self.planned} decodes, fitting the meaning gate",
+                               markup=False)
+
+    def advance(self) -> None:
+        self.done += 1
+        tenths = min(10, self.done * 10 // max(self.planned, 1))
+        if tenths <= self.tenths:
+            return
+        self.tenths = tenths
+        elapsed = self.clock() - self.start
+        left = elapsed / self.done * max(self.planned - self.done, 0)
+        self.console.print(f"calibrate: {self.done}/{self.planned} decodes ({self.name}), "
+                           f"{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False)
+
+
 @with_options(GENERATION, MODELS)
 def calibrate(
     directory: Annotated[Path, typer.Argument(help="Folder of clips to calibrate on.", metavar="DIR",
@@ -127,7 +162,7 @@ def calibrate(
             found = calibration.calibrate(pair, names, paths, clip_labels, directory=directory, ks=k_values,
                                           percentiles=grid_ps, uncertainty=uncertainty, max_new_tokens=max_new_tokens,
                                           batch_size=batch_size, settings=base, quality_points=quality_points,
-                                          fluent_points=fluent_points, frugal_points=frugal_points, progress=_Bar(progress), gate=gate,
+                                          fluent_points=fluent_points, frugal_points=frugal_points, progress=_Bar(progress) if err.is_terminal else _Lines(err), gate=gate,
                                           margin=margin, on_skip=on_skip)
     except KeyboardInterrupt:
         raise Interrupted(f"{out} was not written: the presets are chosen once every setting has run on every "
@@ -165,7 +200,7 @@ def calibrate(
                          markup=False)
     stdout.print(margin_line(found), markup=False)
     stdout.print(f"presets: {out} · use with --presets {out}", markup=False, soft_wrap=True)
-    err.print(f"calibrate: chose on {found.n_calib} clips, checked on {found.n_check}"
+    err.print(f"calibrate: chose on {ui.clips(found.n_calib)}, checked on {found.n_check}"
               + (f"; {len(skipped)} skipped (named above)" if skipped else ""), markup=False, soft_wrap=True)
     for line in found.warnings():
         err.print(f"warning: {line}", markup=False, style="bold yellow", soft_wrap=True)
@@ -193,7 +228,7 @@ def results_table(runs: Sequence[Run], scored: dict[str, tuple[Score, Score]], c
         chosen[gate.run.name] = gate.name
     # No outer edge: two columns more for the 80 a terminal (and CliRunner) gives, so that a meaning
     # setting with a 4-digit gate_verify (k 6 · 0.484/0.0849) still leaves the preset column whole.
-    table = Table(title=f"calibration half ({n_calib} clips) · check half ({n_check} clips)", title_style="bold",
+    table = Table(title=f"calibration half ({ui.clips(n_calib)}) · check half ({ui.clips(n_check)})", title_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header in ("setting", "calls/tok", "quality", "chk calls/tok", "chk quality", "preset"):
         # The preset column never shrinks: a cut name ("quali…") hides the one thing the table is for.

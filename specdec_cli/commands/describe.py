@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..audio import check_path, probe
-from ..errors import InputError, one_line
+from ..errors import InputError, error_kind, one_line
 from ..inputs import check_clips, some_failed
 from ..segments import Piece
 from ..strict_json import dumps_record
@@ -125,6 +125,7 @@ def describe(
         # not after the ~12 s the models take to load.
         probe(Path(clips[0]))
         bad: dict[str, str] = {}
+        bad_kind: dict[str, str] = {}
     else:  # many: every file checked before the models load, every problem listed at once (inputs.py)
         checked = check_clips(clips, lambda c: Path(c))
         for skip in checked.skipped:
@@ -132,6 +133,7 @@ def describe(
         if not checked.clips:
             raise InputError(f"none of the {len(clips)} clips can be read (each said why above)")
         bad = {str(s.path): s.reason for s in checked.skipped}
+        bad_kind = {str(s.path): s.kind for s in checked.skipped}
     if plot is not None and len(clips) > 1:
         raise InputError("--plot draws one clip's trace; give one clip")
     if plot is not None and segment:
@@ -155,6 +157,8 @@ def describe(
     # The panel is for a person at a terminal: a pipe or a log gets it only when asked (--panel).
     show_panel = (err.is_terminal and views) if panel is None else panel and not quiet
     failed = described = ok = 0
+    # A cloud that fails mid-run: explained at the first clip it fails, counted after (batch does the same)
+    fallbacks = ui.FallbackTally("segments" if segment else "clips")
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
         nonlocal failed
@@ -164,7 +168,8 @@ def describe(
         err.print(f"error: {message if clip in message and where is None else f'{label}: {message}'}",
                   markup=False, soft_wrap=True)
         if json_out:
-            _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where)))
+            _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, message, where,
+                                                  error_kind(exc))))
 
     try:
         for clip in clips:
@@ -172,7 +177,8 @@ def describe(
                 failed += 1
                 described += 1
                 if json_out:
-                    _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip])))
+                    _print(dumps_record(pair.error_record(clip, run.segmented() if segment else run, bad[clip],
+                                                          kind=bad_kind[clip])))
                 continue
             if segment:
                 try:
@@ -200,9 +206,10 @@ def describe(
                         raise
                     failure(clip, exc, where)
                     continue
-                if result.record.get("fallback") is not None and pair.models.cloud_down is None:
-                    err.print(ui.fallback_note(label_of(clip, where), result.record), markup=False,
-                              style="yellow", soft_wrap=True)
+                fallbacks.add(result.record)
+                note = fallbacks.note(label_of(clip, where), result.record)
+                if note is not None and pair.models.cloud_down is None:  # a cloud down from the start: said once
+                    err.print(note, markup=False, style="yellow")
                 if show_trace and result.events:
                     ui.print_trace(err, result.events, pair.tokenizer, run.cfg)
                 if show_panel:
@@ -223,6 +230,8 @@ def describe(
         what = "segments" if segment else "clips"
         raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
                           f"{len(clips) - clips.index(clip)} of {ui.clips(len(clips))} not finished, from {clip}") from None
+    if fallbacks.fell_back and fallbacks.clips > 1 and pair.models.cloud_down is None:
+        err.print(fallbacks.line(), markup=False, style="yellow")
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)

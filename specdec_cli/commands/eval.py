@@ -34,7 +34,7 @@ def _tables(report: dict[str, Any]) -> list[Table]:
     rtt = bool(report["settings"].get("cloud_rtt_ms"))
     tables = []
     for title, cols in evaluate.summary_tables(rtt, evaluate.has_link(report), evaluate.labelled(report)):
-        table = Table(title=f"{title} · {report['clips']} clips", title_style="bold", box=box.SIMPLE_HEAD)
+        table = Table(title=f"{title} · {ui.clips(report['clips'])}", title_style="bold", box=box.SIMPLE_HEAD)
         for i, (header, _) in enumerate(cols):
             table.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
         for s in report["modes"]:

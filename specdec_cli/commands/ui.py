@@ -496,24 +496,54 @@ class CloudFreeTally:
 
 
 def clips(n: int) -> str:
-    """"1 clip", "2 clips": a count as a person says it."""
-    return f"{n} clip" if n == 1 else f"{n} clips"
+    """"1 clip", "2 clips": a count as a person says it (inputs.clips)."""
+    from ..inputs import clips as count
+
+    return count(n)
+
+
+def failure_advice(kinds: dict[str, int], to_stdout: bool = False) -> str:
+    """What to do about a batch's failed records, by their `error_kind`: a rerun only for those it may
+    help; for the others, what would ("; …" parts to end the batch's error line)."""
+    from ..errors import RETRYABLE
+
+    def n(count: int, one: str, many: str) -> str:
+        return f"{count} {one if count == 1 else many}"
+
+    retry, too_long, bad = kinds.get(RETRYABLE, 0), kinds.get("too_long", 0), kinds.get("input", 0)
+    parts = []
+    if too_long:
+        other = " (and another --out)" if not to_stdout else ""
+        parts.append(f"{n(too_long, 'is', 'are')} longer than the model takes: add --segment{other} to describe "
+                     f"{'it' if too_long == 1 else 'them'} in segments")
+    if bad:
+        parts.append(f"{n(bad, 'cannot be described as it is', 'cannot be described as they are')}: fix or "
+                     f"remove {'it' if bad == 1 else 'them'} (a rerun fails {'it' if bad == 1 else 'them'} again)")
+    if retry:
+        parts.append("rerun to retry them" if not (too_long or bad) else f"rerun to retry the {retry} that may succeed")
+    return "".join(f"; {p}" for p in parts)
 
 
 def fallback_note(label: str, record: dict) -> str:
-    """One line for a clip the edge finished alone because its cloud failed (the record's fallback)."""
+    """The first clip of a run that the edge finished alone because its cloud failed (the record's
+    fallback): what failed and what was done, said once; later ones are counted (FallbackTally)."""
     return (f"note: {label}: the cloud failed ({record['fallback']}): {record['fallback_error']} — the edge finished "
-            f"the description alone after {record['fallback_at_tokens']} tokens "
-            f"({record['fallback_verified_tokens']} checked by the cloud)")
+            f"this clip alone after {record['fallback_at_tokens']} tokens "
+            f"({record['fallback_verified_tokens']} checked by the cloud), as it will any other the cloud fails "
+            "(--on-cloud-failure edge); they are counted at the end")
 
 
 class FallbackTally:
-    """How many of a batch's clips the edge finished alone because the cloud failed (records'
-    `fallback`), by failure."""
+    """How many of a run's clips (or segments) the edge finished alone because the cloud failed
+    (records' `fallback`), by failure. `note` gives the line that explains a failure the first time
+    it happens (once per kind of failure), so a run where the cloud dies says it once, not once per
+    clip; `line` is the one summary at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, unit: str = "clips") -> None:
         self.clips = 0
+        self.unit = unit
         self.failures: dict[str, int] = {}
+        self.explained: set[str] = set()
 
     def add(self, record: dict) -> None:
         if record.get("error") is not None or "fallback" not in record:
@@ -522,15 +552,27 @@ class FallbackTally:
         if record["fallback"] is not None:
             self.failures[record["fallback"]] = self.failures.get(record["fallback"], 0) + 1
 
+    def note(self, label: str, record: dict) -> str | None:
+        """The note for this record when it is the first to fall back for its reason, else None."""
+        why = record.get("fallback")
+        if record.get("error") is not None or why is None or why in self.explained:
+            return None
+        self.explained.add(why)
+        return fallback_note(label, record)
+
     @property
     def fell_back(self) -> int:
         return sum(self.failures.values())
 
-    def line(self, retry_hint: str) -> str:
-        why = ", ".join(f"{n} {word}" for word, n in sorted(self.failures.items()))
-        return (f"edge alone: {self.fell_back} of {clips(self.clips)} {'was' if self.fell_back == 1 else 'were'} "
-                "finished on the edge because the cloud "
-                f"failed ({why}){retry_hint}")
+    def line(self) -> str:
+        """'the cloud failed on 23 of 23 clips (unreachable); the edge finished them alone'."""
+        if len(self.failures) == 1:
+            why = next(iter(self.failures))
+        else:
+            why = ", ".join(f"{n} {word}" for word, n in sorted(self.failures.items()))
+        unit = self.unit if self.clips != 1 else self.unit.removesuffix("s")
+        them = "it" if self.fell_back == 1 else "them"
+        return f"the cloud failed on {self.fell_back} of {self.clips} {unit} ({why}); the edge finished {them} alone"
 
 
 def _size(n: int) -> str:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from typing import Any, Protocol
 
 from .. import __version__
 from ..errors import InputError, SpecdecError, one_line
+from ..inputs import clips as count_clips
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'specdec-omni[ray]'"
 
@@ -70,9 +72,23 @@ LOOPBACK_ENV = "SPECDEC_RAY_LOOPBACK"  # set in a Ray private_local_ray started:
 def ray_environment() -> None:
     """What Ray reads once, when it is imported (ray_constants): set before the first `import ray`
     of this process. No usage statistics leave the machine; each log line of a worker shows as it
-    came, not folded into `[repeated 18x across cluster]` (a fleet's access lines)."""
+    came, not folded into `[repeated 18x across cluster]` (a fleet's access lines). And the
+    `(ServeReplica:cloud pid=…)` prefix the driver puts before each worker line is coloured only on
+    a terminal: in a log file (`specdec serve --replicas 2 2> serve.log`) its escape codes were
+    noise (Ray reads RAY_COLOR_PREFIX as it prints; NO_COLOR turns it off on a terminal too)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not _terminal() or os.environ.get("NO_COLOR"):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def _terminal() -> bool:
+    """Whether both of this process's output streams are terminals (Ray prints workers' lines to
+    either, as they were written)."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
+        return False
 
 
 @contextmanager
@@ -339,7 +355,7 @@ class _Pool:
                 self._hand_out()
                 if not self.running and not self.pings:
                     left = len(self.todo) + len(self.suspects)
-                    raise SpecdecError(f"no Ray worker left to describe {left} clips ({self.last_failure}); "
+                    raise SpecdecError(f"no Ray worker left to describe {count_clips(left)} ({self.last_failure}); "
                                        "the results so far are kept: rerun to resume")
                 [ref], _ = self.ray.wait([*self.running, *self.pings], num_returns=1)
                 if ref in self.pings:
