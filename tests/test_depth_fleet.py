@@ -9,41 +9,13 @@ tests/test_serve_fleet.py, whose teardown this shares)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
-
 import pytest
-from remote_helpers import Server
 from test_depth import always_ahead, local, pair, remote_runs, sent_ahead  # noqa: F401 (fixtures)
 from test_pipeline import GREEDY, SAMPLES
-from test_serve_fleet import alive, descendants
+from test_serve_fleet import fleet  # noqa: F401 (the fleet fixture: started and stopped by its pid tree)
 
 pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.spawns
-
-
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    log = tmp_path_factory.mktemp("fleet") / "serve.log"
-    server = Server("--replicas", "2", "--replica-cpus", "0.5", log=log)
-    server.start(timeout=300)
-    yield server
-    tree = descendants(server.proc.pid)
-    os.kill(server.proc.pid, signal.SIGTERM)
-    try:
-        code = server.proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        code = None
-    deadline = time.monotonic() + 30
-    while (left := {p for p in tree if alive(p)}) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in left:  # ours: started under the fleet's process
-        os.kill(pid, signal.SIGKILL)
-    assert code == 0, server.logged()[-2000:]
-    assert not left, f"processes left running after the fleet stopped: {sorted(left)}"
 
 
 def test_depth_3_through_two_replicas_gives_the_in_process_tokens(fleet, local, always_ahead, sent_ahead):  # noqa: F811
