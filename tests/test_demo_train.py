@@ -235,3 +235,22 @@ def test_a_run_with_ears_resumes_exactly_and_exports_a_plain_thinker(corpus, tmp
 
     keys = load_file(tmp_path / "model" / "model.safetensors").keys()
     assert keys and not any(k.split(".")[0] == "read" or ".read." in k for k in keys)
+
+
+def test_a_distilled_run_with_ears_resumes_exactly(corpus, tiny_teacher, tmp_path):
+    # edge_v4's combination: the teacher's top-k, on-policy rounds (no labels, so no ears' loss on
+    # those steps) and the ears' loss on the labelled ones.
+    from specdec_cli.demo.train import RECIPES
+
+    assert RECIPES["edge_v4"].ears and RECIPES["edge_v4"].distill
+    root = _with_measures(corpus, tmp_path / "c")
+    recipe = replace(DISTILLED, ears={"weight": 0.3})
+    kw = dict(log=_quiet, teacher_dir=tiny_teacher, cache_dir=tmp_path / "cache")
+    full = train("d", recipe, tmp_path / "a", root, **kw)
+    train("d", recipe, tmp_path / "b", root, stop_after=4, **kw)
+    resumed = train("d", recipe, tmp_path / "b", root, **kw)
+    for part in ("model", "ears"):
+        for k, v in full[part].items():
+            assert torch.equal(v, resumed[part][k]), (part, k)
+    plain = train("d", DISTILLED, tmp_path / "p", root, **kw)  # the ears' loss changes the weights
+    assert not all(torch.equal(v, plain["model"][k]) for k, v in full["model"].items())

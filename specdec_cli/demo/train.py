@@ -132,13 +132,15 @@ RECIPES: dict[str, Recipe] = {
                   audio_ffn=768, dropout=0.1, text_dropout=0.0),
         steps=5000, lr=1e-3, batch=16, warmup=300, eval_every=500, corpus="v4", ears=dict(weight=0.3),
     ),
-    # v4's edge, distilled from cloud_v4 as v3's edge was from v3's cloud, with ears that can count
-    # syllables: two audio layers 64 wide (v3's edge had one, 48 wide, and could not hear rate), the
-    # same one-layer text side (its cost per token stays a fraction of the cloud's).
+    # v4's edge, distilled from cloud_v4e (--teacher) as v3's edge was from v3's cloud, with ears that
+    # can count syllables: two audio layers 64 wide (v3's edge had one, 48 wide, and could not hear
+    # rate), supervised by the clip's measures as cloud_v4e's are (the pilot: the answer loss alone
+    # left a tower deaf to pitch), the same one-layer text side (its cost per token stays a fraction
+    # of the cloud's).
     "edge_v4": Recipe(
         size=dict(hidden=64, layers=1, heads=4, kv_heads=2, ffn=192, audio_d=64, audio_layers=2, audio_heads=4,
                   audio_ffn=192, dropout=0.1, text_dropout=0.0),
-        steps=2500, lr=2e-3, batch=16, eval_every=500, smooth=0.0, corpus="v4",
+        steps=2500, lr=2e-3, batch=16, eval_every=500, smooth=0.0, corpus="v4", ears=dict(weight=0.3),
         distill=dict(teacher="cloud", weight=0.5, temperature=2.0, top_k=16, onpolicy_from=1250,
                      round_every=250, round_clips=400, onpolicy_every=4),
     ),
