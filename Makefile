@@ -101,7 +101,7 @@ presets:  # after `make install`
 	$(BIN)/python -m specdec_cli.demo.heldout $(HELDOUT) --clips 96
 	$(BIN)/specdec calibrate $(HELDOUT) --labels $(HELDOUT)/labels.jsonl --ks 6,8,10,12 \
 		--percentiles 10,20,30,40,45,50,55,60,65,70,80,90 \
-		--out specdec_cli/demo/models/edge/specdec_presets.toml --overwrite --report docs/presets-calibration.json
+		--out specdec_cli/demo/models/edge/specdec_presets.toml --overwrite --report docs/results/presets-calibration.json
 	cp specdec_cli/demo/models/edge/specdec_presets.toml specdec_cli/demo/models/cloud/specdec_presets.toml
 
 # Mutation testing (docs/testing.md): mutmut over results.py, writer_lock.py, audio.py and

@@ -1,9 +1,9 @@
 """MODELLED, not measured: clips/s one GPU server would carry at the Qwen2.5-Omni 3B / 7B thinker
 shapes, cloud-only (continuously batched) against speculative presets (verifications batched).
 
-    python bench/capacity_model.py [--json] [--measured docs/bench-gpu.json]
+    python bench/capacity_model.py [--json] [--measured docs/results/bench-gpu.json]
 
-When a GPU run of bench/gpu.py exists (docs/bench-gpu.json or bench-gpu-quick.json, or --measured FILE), the same formulas
+When a GPU run of bench/gpu.py exists (docs/results/bench-gpu.json or bench-gpu-quick.json, or --measured FILE), the same formulas
 are also evaluated at the configurations it measured and shown beside the measurements (`versus`):
 each forward (decode step, k-token verification) at its batch size, each clip's prefill, and
 cloud-only clips/s under continuous batching (with the run's own prompt and answer lengths).
@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 # bench/gpu.py's runs: the full one, else the quick one
-MEASURED = tuple(Path(__file__).resolve().parents[1] / "docs" / f for f in ("bench-gpu.json", "bench-gpu-quick.json"))
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"  # the result JSON files
+MEASURED = tuple(RESULTS / f for f in ("bench-gpu.json", "bench-gpu-quick.json"))
 
 # H100 SXM, bf16: 3.35 TB/s HBM3 (70 % reached), 989 TFLOP/s dense (50 % reached).
 BW = 3.35e12 * 0.7
@@ -58,10 +59,10 @@ class Shape:
 SHAPES = (Shape("3B", 3.1e9, 0.64e9, 36 * 2 * 2 * 128 * 2), Shape("7B", 7.6e9, 0.64e9, 28 * 2 * 4 * 128 * 2))
 
 # Work per clip on the bundled demo pair, read from `specdec eval --report` on the 9 samples
-# (docs/eval-samples.json, regenerated whenever the pair or its presets change; never typed here):
+# (docs/results/eval-samples.json, regenerated whenever the pair or its presets change; never typed here):
 # prefill tokens, cloud forwards per clip (prefill included), answer tokens, each preset's block
 # length (k).
-EVAL_REPORT = Path(__file__).resolve().parents[1] / "docs" / "eval-samples.json"
+EVAL_REPORT = RESULTS / "eval-samples.json"
 AUDIO_FRAMES = 400   # encoder frames of a ~8 s clip (50 per second after the conv stem)
 
 
@@ -162,10 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--measured", type=Path, default=None,
-                    help="a bench/gpu.py JSON to set beside the model (default: docs/bench-gpu.json, else "
-                         "docs/bench-gpu-quick.json, when present)")
+                    help="a bench/gpu.py JSON to set beside the model (default: docs/results/bench-gpu.json, else "
+                         "docs/results/bench-gpu-quick.json, when present)")
     args = ap.parse_args(argv)
-    got: dict[str, Any] = {"modelled": True, "work_from": str(EVAL_REPORT.relative_to(EVAL_REPORT.parents[1])),
+    got: dict[str, Any] = {"modelled": True, "work_from": str(EVAL_REPORT.relative_to(RESULTS.parents[1])),
                            "work": {"prefill_tokens": round(PREFILL_TOKENS, 1), "answer_tokens": round(ANSWER_TOKENS, 1),
                                     **{m: {"cloud_forwards": round(f, 2), "k": n - 1} for m, (f, n) in WORK.items()
                                        if m != "cloud"}},

@@ -6,7 +6,7 @@ blank line) naming
 its renderer and the JSON file(s) it is drawn from (paths from the repository root; a `.toml`
 source, such as a presets file, is read as TOML):
 
-    <!-- table: gate_signal docs/bench-gate-signal.json docs/bench-gate-signal-probe600.json -->
+    <!-- table: gate_signal docs/results/bench-gate-signal.json docs/results/bench-gate-signal-probe600.json -->
 
     | signal (the bundled pair) | AUC cal / meas | ...
 
@@ -917,7 +917,7 @@ def calibration_presets(report: dict[str, Any]) -> list[str]:
 
 def bundled_presets(report: dict[str, Any]) -> list[str]:
     """docs/usage.md: the demo pair's presets as `specdec presets` lists them, from the calibrate run
-    that wrote them (docs/presets-calibration.json): each preset's setting and its budget."""
+    that wrote them (docs/results/presets-calibration.json): each preset's setting and its budget."""
     by_name = {s["name"]: s for s in report["settings"]}
     fluent = next(c for c in report["choices"] if c["name"] == "fluent")
     rows = ["| preset | threshold | k | verify | chosen by `specdec calibrate` as |", "|---|---|---|---|---|"]
@@ -1013,7 +1013,7 @@ def eval_page(report: dict[str, Any]) -> str:
 
 # page -> (its JSON, the page's whole text from it); paths from the repository root
 GENERATED_PAGES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
-    "docs/eval-samples.md": ("docs/eval-samples.json", eval_page),
+    "docs/eval-samples.md": ("docs/results/eval-samples.json", eval_page),
 }
 
 

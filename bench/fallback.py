@@ -1,7 +1,7 @@
 """The edge answering alone when the cloud cannot (issue 35): time from losing the cloud mid-clip to the
 clip's end, with today's behaviour (`--on-cloud-failure fail`) and with the edge's fallback.
 
-    python bench/fallback.py [--clip samples/m_slow_low.wav] [--out docs/bench-fallback.json]
+    python bench/fallback.py [--clip samples/m_slow_low.wav] [--out docs/results/bench-fallback.json]
 
 Per scenario it starts a real `specdec serve` on 127.0.0.1 (a free port, stopped by its pid) and puts a
 relay in front of it (tests/cloud_relay.py) that acts at the clip's second verification, before

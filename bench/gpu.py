@@ -1,9 +1,9 @@
 """The real shapes on a GPU, in one run: random Qwen2.5-Omni-3B and -7B thinkers (bfloat16, CUDA).
 
-    python bench/gpu.py                  # full: <= 8 min on one H100, writes docs/bench-gpu.json + docs/gpu.md's tables
+    python bench/gpu.py                  # full: <= 8 min on one H100, writes docs/results/bench-gpu.json + docs/gpu.md's tables
     python bench/gpu.py --quick          # <= 3 min, the same sections with fewer repeats and prompts
     python bench/gpu.py --tiny --out F   # toy shapes, float32 on the CPU, seconds: the suite runs this (tests/test_gpu_bench.py)
-    python bench/gpu.py --render docs/bench-gpu.json   # only rewrite docs/gpu.md's tables from a JSON
+    python bench/gpu.py --render docs/results/bench-gpu.json   # only rewrite docs/gpu.md's tables from a JSON
 
 The models are built from configs/qwen2.5-omni-{3b,7b}-thinker.json (the published shapes; random
 weights, nothing downloaded) with the real Qwen2.5 tokenizer rebuilt offline (specdec_cli.qwen_vocab,
@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="fewer repeats and prompts, a 3 min budget")
     size.add_argument("--tiny", action="store_true", help="toy shapes, float32 on the CPU (the test suite's run)")
     size.add_argument("--render", metavar="JSON", help="only rewrite --docs' tables from this JSON")
-    ap.add_argument("--out", help="the JSON (default docs/bench-gpu.json, --quick docs/bench-gpu-quick.json; "
+    ap.add_argument("--out", help="the JSON (default docs/results/bench-gpu.json, --quick docs/results/bench-gpu-quick.json; "
                                   "--tiny: none unless given)")
     ap.add_argument("--docs", help="the page whose tables are rewritten (default docs/gpu.md; --tiny: none unless given)")
     ap.add_argument("--budget-s", type=float, help="wall seconds from start to finish (default 480; --quick 180)")
@@ -806,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device here (torch.cuda.is_available() is False); run on a GPU machine, "
               "or `python bench/gpu.py --tiny` for the toy-shape check on the CPU", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else (None if tiny else REPO / "docs" / f"bench-gpu{'-quick' if args.quick else ''}.json")
+    out = Path(args.out) if args.out else (None if tiny else REPO / "docs" / "results" / f"bench-gpu{'-quick' if args.quick else ''}.json")
     mode = "tiny" if tiny else "quick" if args.quick else "full"
     dtype = torch.float32 if tiny else torch.bfloat16
     if tiny:

@@ -6,7 +6,7 @@ trained or tuned on these recordings.
 
     bench/fetch_human_speech.sh .demo-work/human
     python bench/human_speech.py --clips .demo-work/human [--edge DIR --cloud DIR] [--modes cloud,edge,quality] \
-        [--json results/bench-human-v4.json]
+        [--json docs/results/bench-human-v4.json]
 
 Clips shorter than --min-seconds (default 1.0: single words say little about rate or pauses), longer
 than the demo pair's 30 s window, and without a documented gender are left out. Gender is scored against the documented one; every

@@ -2,7 +2,7 @@
 thinker shapes, cloud-only against speculative decoding with one verdict in flight (today's
 pipelined client) and with D verifications in flight (protocol 3, issue 43).
 
-    python bench/link_model.py [--json] [--out docs/bench-link-model.json]
+    python bench/link_model.py [--json] [--out docs/results/bench-link-model.json]
 
 Each forward's cost is bench/capacity_model.py's roofline, at batch 1 (one clip's latency, not a
 server's capacity):
@@ -19,10 +19,10 @@ server's capacity):
   card's 16 GB) and 4-bit (0.53 bytes per parameter: 4 bits plus a 16-bit scale and zero per group of
   128, the usual on-device quantisation; its tokens would differ from the bf16 edge's, which only
   changes the acceptance, stated apart).
-- work per clip: the demo pair's, as capacity_model reads it from docs/eval-samples.json (P prompt
+- work per clip: the demo pair's, as capacity_model reads it from docs/results/eval-samples.json (P prompt
   tokens, N answer tokens); context for the KV reads P + N / 2. The acceptance a is per drafted
   position, independent (the model of Leviathan et al. 2023): the demo pair's `verify=always`
-  run measured 0.60 of drafted tokens accepted (docs/eval-samples.json, mode `always`), and the
+  run measured 0.60 of drafted tokens accepted (docs/results/eval-samples.json, mode `always`), and the
   self pair 1.0; both are shown.
 - the link: a round trip of R adds R to each request (R/2 each way); the bytes' transfer time is
   not modelled (the clip goes up once in both modes: cloud-only with its request, the split lazily

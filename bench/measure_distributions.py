@@ -3,7 +3,7 @@ with the bands of cut_points.json shaded (the gaps between them left white), ove
 recordings of bench/fetch_human_speech.sh, measured the same way).
 
     python bench/measure_distributions.py [--corpus .demo-work/corpus-v4] [--human .demo-work/human] \
-        --png docs/demo-measures.png --json results/demo-measures.json
+        --png docs/demo-measures.png --json docs/results/demo-measures.json
 
 The corpus keeps only clips whose every measure is clear of the gaps between bands, so its
 distributions have holes at the gaps; the human recordings are shown as measured (gaps included).

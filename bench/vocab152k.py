@@ -3,7 +3,7 @@
 Run by hand, alone or as the `vocab152k` section of `python bench/run.py --json`:
 
     python bench/vocab152k.py [--json] [--clips N] [--max-new-tokens N] [--bf16-clips N]
-    python bench/vocab152k.py --demo-only --json > docs/bench-vocab152k-demo.json
+    python bench/vocab152k.py --demo-only --json > docs/results/bench-vocab152k-demo.json
 
 `--demo-only` measures the demo pair's overhead alone (the random 152k pair and the numerics do not
 depend on the bundled pair, so a new demo pair needs only this part rerun).

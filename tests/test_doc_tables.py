@@ -58,25 +58,25 @@ def test_a_generated_page_is_checked_whole_and_rewritten(tmp_path):
     from specdec_cli.evaluate import markdown
 
     dt = tables_module()
-    report = json.loads((ROOT / "docs/eval-samples.json").read_text(encoding="utf-8"))
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs/eval-samples.json").write_text(json.dumps(report), encoding="utf-8")
+    report = json.loads((ROOT / "docs/results/eval-samples.json").read_text(encoding="utf-8"))
+    (tmp_path / "docs/results").mkdir(parents=True)
+    (tmp_path / "docs/results/eval-samples.json").write_text(json.dumps(report), encoding="utf-8")
     page = tmp_path / "docs/eval-samples.md"
     page.write_text(markdown(report), encoding="utf-8")
     assert dt.stale(tmp_path) == []
     page.write_text(markdown(report).replace("| cloud | ", "| cloud | 1", 1), encoding="utf-8")
     problems = dt.stale(tmp_path)
-    assert len(problems) == 1 and problems[0].startswith("docs/eval-samples.md: differs from docs/eval-samples.json")
+    assert len(problems) == 1 and problems[0].startswith("docs/eval-samples.md: differs from docs/results/eval-samples.json")
     assert dt.write(tmp_path) == ["docs/eval-samples.md"]
     assert page.read_text(encoding="utf-8") == markdown(report) and dt.stale(tmp_path) == []
     moved = copy.deepcopy(report)
     moved["modes"][0]["mean_accuracy"] = 0.5
-    (tmp_path / "docs/eval-samples.json").write_text(json.dumps(moved), encoding="utf-8")
+    (tmp_path / "docs/results/eval-samples.json").write_text(json.dumps(moved), encoding="utf-8")
     assert len(dt.stale(tmp_path)) == 1
 
 
 def test_the_presets_tables_json_is_the_run_that_wrote_the_bundled_presets():
-    """docs/presets-calibration.json (what the demo pair's presets tables are drawn from) and the
+    """docs/results/presets-calibration.json (what the demo pair's presets tables are drawn from) and the
     bundled presets file come from one `make presets` run: every preset the file holds is the
     setting the JSON marks chosen, with the scores the file's comments give (tests/cli_helpers.py);
     and the two bundled copies are the same file."""
@@ -85,7 +85,7 @@ def test_the_presets_tables_json_is_the_run_that_wrote_the_bundled_presets():
     models = ROOT / "specdec_cli/demo/models"
     text = (models / "edge/specdec_presets.toml").read_text(encoding="utf-8")
     assert (models / "cloud/specdec_presets.toml").read_text(encoding="utf-8") == text
-    report = json.loads((ROOT / "docs/presets-calibration.json").read_text(encoding="utf-8"))
+    report = json.loads((ROOT / "docs/results/presets-calibration.json").read_text(encoding="utf-8"))
     report_matches_presets(report, text)
 
 
@@ -161,7 +161,7 @@ def _page(root: Path, run: dict) -> Path:
 def test_a_moved_figure_is_caught_and_rewritten(tmp_path, monkeypatch):
     dt = tables_module()
     monkeypatch.setattr(dt, "PAGES", ("docs/*.md",))
-    run = json.loads((ROOT / "docs/bench-gate-signal-noised.json").read_text(encoding="utf-8"))
+    run = json.loads((ROOT / "docs/results/bench-gate-signal-noised.json").read_text(encoding="utf-8"))
     page = _page(tmp_path, run)
     assert len(dt.stale(tmp_path)) == 1  # the placeholder table is not what the JSON says
     assert dt.write(tmp_path) == [f"{page}:5"]
@@ -207,7 +207,7 @@ def test_the_benchmark_renderers_quote_their_json():
     rows = {r.split(" | ")[0].lstrip("| "): r for r in dt.bench_cloud_work(run)[2:]}
     assert rows["quality"] == "| quality | 200.0 | 275.0 | 5.00 | 1.10 | 0.20 | 25 % |"
     assert rows["edge-only"] == "| edge-only | 0.0 | 0.0 | 0.00 | 0.00 | 0.00 | 100 % |"
-    remote = json.loads((ROOT / "docs/bench-remote.json").read_text(encoding="utf-8"))
+    remote = json.loads((ROOT / "docs/results/bench-remote.json").read_text(encoding="utf-8"))
     table = dt.remote(remote)
     m = remote["modes"]["quality"]
     row = next(r for r in table if r.startswith("| quality |"))
