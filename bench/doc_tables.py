@@ -157,6 +157,36 @@ def human_speech(*docs: dict[str, Any]) -> list[str]:
     return rows
 
 
+_TRAINING_SETS = {"val": "training voices", "val_noisy": "training voices, noisy", "val_voices": "held-out voices",
+                  "val_synth": "held-out synthesizer"}
+
+
+def training_curve(run: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: a training run's mean held-out accuracy (teacher-forced) at each of its
+    evaluations (`python -m specdec_cli.demo.train RUN --history-json FILE`)."""
+    sets = [s for s in _TRAINING_SETS if any(s in e for e in run["evals"])]
+    rows = [f"| step (of {run['steps']}) | " + " | ".join(_TRAINING_SETS[s] for s in sets) + " |",
+            "|---:|" + "---:|" * len(sets)]
+    for e in run["evals"]:
+        rows.append(f"| {e['step']} | " + " | ".join(pct(e[s]["acc"]["all"]["mean"]) if s in e else "–"
+                                                   for s in sets) + " |")
+    return rows
+
+
+def training_final(run: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: a training run's latest evaluation, per attribute and held-out set."""
+    from specdec_cli.phrases import ATTRIBUTES
+
+    e = run["evals"][-1]
+    rows = [f"| step {e['step']}: set (clips) | " + " | ".join(ATTRIBUTES) + " | mean |", "|---|" + "---:|" * (len(ATTRIBUTES) + 1)]
+    for s, name in _TRAINING_SETS.items():
+        if s in e:
+            acc = e[s]["acc"]["all"]
+            rows.append(f"| {name} ({e[s]['clips']}) | " + " | ".join(pct(acc[a]) for a in ATTRIBUTES)
+                        + f" | {pct(acc['mean'])} |")
+    return rows
+
+
 def demo_voices(voices: dict[str, Any]) -> list[str]:
     """docs/demo-pair.md: the voices of voices.json by synthesizer, split and gender."""
     splits = {"train": "training", "heldout_voice": "held-out voices", "heldout_synth": "held-out synthesizer"}
@@ -971,6 +1001,8 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "human_speech": human_speech,
     "demo_cut_points": demo_cut_points,
     "demo_voices": demo_voices,
+    "training_curve": training_curve,
+    "training_final": training_final,
     "entropy_curve": entropy_curve,
     "calibration_sweep": calibration_sweep,
     "calibration_entropy": calibration_entropy,

@@ -254,3 +254,31 @@ def test_a_distilled_run_with_ears_resumes_exactly(corpus, tiny_teacher, tmp_pat
             assert torch.equal(v, resumed[part][k]), (part, k)
     plain = train("d", DISTILLED, tmp_path / "p", root, **kw)  # the ears' loss changes the weights
     assert not all(torch.equal(v, plain["model"][k]) for k, v in full["model"].items())
+
+
+def test_history_json_is_the_runs_evals_and_renders_as_the_docs_quote_them(corpus, tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from specdec_cli.demo.train import main
+
+    st = train("edge", TINY, tmp_path / "edge", corpus, log=_quiet)
+    out = tmp_path / "h.json"
+    main(["edge", "--runs", str(tmp_path), "--history-json", str(out)])  # ("edge" only names the folder)
+    h = json.loads(out.read_text(encoding="utf-8"))
+    assert h["step"] == TINY.steps and h["steps"] == TINY.steps and [e["step"] for e in h["evals"]] == [3, 6, 7]
+    assert json.loads(json.dumps(st["history"])) == h["evals"]
+    spec = importlib.util.spec_from_file_location("doc_tables_t", Path(__file__).resolve().parents[1] / "bench/doc_tables.py")
+    dt = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = dt  # dataclasses look their module up there
+    spec.loader.exec_module(dt)
+    curve = dt.training_curve(h)
+    assert curve[0] == "| step (of 7) | training voices | training voices, noisy |"
+    want = [f"| {e['step']} | {100 * e['val']['acc']['all']['mean']:.1f} | {100 * e['val_noisy']['acc']['all']['mean']:.1f} |"
+            for e in h["evals"]]
+    assert curve[2:] == want
+    final = dt.training_final(h)
+    last = h["evals"][-1]["val"]["acc"]["all"]
+    assert final[2] == ("| training voices (6) | " + " | ".join(f"{100 * last[a]:.1f}" for a in
+                        ("gender", "rate", "pitch", "volume", "pauses", "emotion")) + f" | {100 * last['mean']:.1f} |")

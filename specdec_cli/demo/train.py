@@ -789,6 +789,22 @@ def progress(name: str, run_dir: Path, corpus_root: Path | None = None) -> str:
     return f"{name}: {st['params']}\n" + progress_table(ev)
 
 
+def history(name: str, run_dir: Path) -> dict:
+    """A run's held-out evaluations during training, as the docs quote them (bench/doc_tables.py's
+    `training_curve` and `training_final`): its identity, size, step and every eval in its state."""
+    path = run_dir / "state.pt"
+    if not path.exists():
+        raise SystemExit(f"no checkpoint at {path}")
+    st = torch.load(path, weights_only=False)
+    ident = st["identity"]
+    where = path.resolve()
+    where = where.relative_to(Path.cwd()) if where.is_relative_to(Path.cwd()) else where
+    return {"about": f"held-out evaluations of `{name}` during training (teacher-forced, every clip of each "
+                     f"set), from {where.as_posix()}: `python -m specdec_cli.demo.train {name} --history-json FILE`",
+            "model": name, "step": st["step"], "steps": ident["recipe"]["steps"], "params": st["params"],
+            "corpus": ident.get("corpus"), "evals": st["history"]}
+
+
 def export(run_dir: Path, out: Path) -> dict:
     """Write the latest checkpoint as a model folder (thinker weights + tokenizer + feature
     extractor), loadable by `specdec --edge/--cloud` and `from_pretrained`; checked by a round trip."""
@@ -834,6 +850,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--teacher", type=Path, default=None, metavar="DIR",
                     help="a distilled recipe's teacher model folder (default: the bundled model its recipe names)")
     ap.add_argument("--progress", action="store_true", help="print the held-out table of the latest checkpoint")
+    ap.add_argument("--history-json", type=Path, default=None, metavar="FILE",
+                    help="write the run's held-out evaluations during training as JSON and exit")
     ap.add_argument("--save-every", type=float, default=300.0, help="seconds between checkpoints")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 2 when it has the machine)")
     ap.add_argument("--export", type=Path, default=None, metavar="DIR",
@@ -845,6 +863,10 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = args.runs / args.model
     if args.export:
         print(json.dumps(export(run_dir, args.export)))
+        return
+    if args.history_json:
+        args.history_json.write_text(json.dumps(history(args.model, run_dir), indent=1, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
         return
     if args.progress:
         print(progress(args.model, run_dir, args.corpus))
