@@ -49,6 +49,7 @@ def test_the_demo_pair_and_gate_signal_tables_are_marked():
                                                  "server_windows", "loop_overhead", "ray_batch",
                                                  "ray_batch_cli")} <= marked
     assert ("docs/capacity.md", "capacity_model") in marked
+    assert {("docs/demo-pair.md", "training_curve"), ("docs/demo-pair.md", "training_final")} <= marked
     assert "docs/eval-samples.md" in dt.GENERATED_PAGES
 
 
