@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -44,9 +45,7 @@ def main(argv: list[str] | None = None) -> None:
             m["bucket"] = f"{m['voice']} ({m['labels']['gender']})"
         with torch.no_grad():
             ev = evaluate_tf(model, data)
-        counts: dict[str, int] = {}
-        for m in data.meta:
-            counts[m["bucket"]] = counts.get(m["bucket"], 0) + 1
+        counts = Counter(m["bucket"] for m in data.meta)
         out["splits"][split] = {v: {"clips": counts[v], **acc} for v, acc in sorted(ev["acc"].items()) if v != "all"}
         print(f"## {split}")
         print("| voice | clips | " + " | ".join(ATTRIBUTES) + " | mean |")

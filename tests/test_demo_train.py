@@ -257,9 +257,7 @@ def test_a_distilled_run_with_ears_resumes_exactly(corpus, tiny_teacher, tmp_pat
 
 
 def test_history_json_is_the_runs_evals_and_renders_as_the_docs_quote_them(corpus, tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from test_doc_tables import tables_module
 
     from specdec_cli.demo.train import main
 
@@ -269,10 +267,7 @@ def test_history_json_is_the_runs_evals_and_renders_as_the_docs_quote_them(corpu
     h = json.loads(out.read_text(encoding="utf-8"))
     assert h["step"] == TINY.steps and h["steps"] == TINY.steps and [e["step"] for e in h["evals"]] == [3, 6, 7]
     assert json.loads(json.dumps(st["history"])) == h["evals"]
-    spec = importlib.util.spec_from_file_location("doc_tables_t", Path(__file__).resolve().parents[1] / "bench/doc_tables.py")
-    dt = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = dt  # dataclasses look their module up there
-    spec.loader.exec_module(dt)
+    dt = tables_module()
     curve = dt.training_curve(h)
     assert curve[0] == "| step (of 7) | training voices | training voices, noisy |"
     want = [f"| {e['step']} | {100 * e['val']['acc']['all']['mean']:.1f} | {100 * e['val_noisy']['acc']['all']['mean']:.1f} |"
