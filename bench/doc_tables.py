@@ -319,9 +319,11 @@ def best_per_core(cap: dict[str, Any]) -> tuple[str, float] | None:
 def demo_goals(before: dict[str, Any], after: dict[str, Any], cap_before: dict[str, Any] | None = None,
                cap_after: dict[str, Any] | None = None, link_before: dict[str, Any] | None = None,
                link_after: dict[str, Any] | None = None) -> list[str]:
-    """docs/demo-pair.md "v2 → v3, measured": issue 34's item-5 goals, v2 pair against v3 pair,
-    from bench/demo_goals.py (and bench/capacity.py, bench/link.py) JSON; met / not met on v3."""
-    rows = ["| goal (issue 34, item 5) | v2 pair (before) | v3 pair (after) | v3: |", "|---|---:|---:|---|"]
+    """docs/demo-pair.md "v2 → v3, measured" and "v3 → v4": issue 34's item-5 goals (issue 41 keeps
+    them), the earlier pair against the later, from bench/demo_goals.py (and bench/capacity.py,
+    bench/link.py) JSON, each run named by its `label`; met / not met on the later pair."""
+    old, new = before.get("label", "before"), after.get("label", "after")
+    rows = [f"| goal (issue 34, item 5) | {old} pair (before) | {new} pair (after) | {new}: |", "|---|---:|---:|---|"]
 
     def cell(run: dict[str, Any], name: str, fmt: Callable[[dict[str, Any]], str]) -> str:
         s = _setting(run, name)
@@ -359,7 +361,7 @@ def demo_goals(before: dict[str, Any], after: dict[str, Any], cap_before: dict[s
             # The per-core ratio moves with the machine's load (a loaded cloud-only server never gets to
             # batch): when the pair the issue says misses the goal passes it in the same conditions,
             # this run cannot show that v3 meets it.
-            verdict = "**met in this run, not conclusive**: the v2 pair passes it in the same conditions"
+            verdict = f"**met in this run, not conclusive**: the {old} pair passes it in the same conditions"
         rows.append(f"| capacity: the best preset within {CAPACITY_POINTS:g} point of cloud-only carries "
                     f"≥ {CAPACITY_X:g}× batched cloud-only's clips per server core | {cap(cap_before)} | "
                     f"{cap(cap_after)} | {verdict} |")
