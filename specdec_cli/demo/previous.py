@@ -1,0 +1,70 @@
+"""The earlier demo pairs, rebuilt bit for bit from their committed training states, for comparison.
+
+    python -m specdec_cli.demo.previous v3 DIR    # DIR/edge, DIR/cloud, the presets it shipped with
+    python -m specdec_cli.demo.previous v2 DIR
+
+The bundled pair (`specdec_cli/demo/models/`) is the latest; an earlier one is not kept as a second
+copy of its weights: `demo-train/<run>/state.pt` holds each of its models (committed), `train.export`
+writes it as a model folder, and the sha256 of its weights file is checked against the one that was
+bundled (so "v3" means the very models users had, not a retrained look-alike). The presets file it
+shipped with is kept beside this module (`previous/<pair>_presets.toml`) and written into both
+model folders, as the bundled pair has it. Use the folders with `--edge DIR/edge --cloud DIR/cloud`
+(every command and bench/ script takes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# pair -> model -> (training run under demo-train/, sha256 of the bundled model.safetensors)
+PAIRS: dict[str, dict[str, tuple[str, str]]] = {
+    "v2": {"edge": ("edge_short", "4f0cc80f343f9d48cd271451b43b420597ea8ac3eb1ab6c7b37c7339ee851f45"),
+           "cloud": ("cloud", "12c245ab9ef7b07d842041c5f2d0dba29df872ea5cd2d6b23f4a459aae10d9f1")},
+    "v3": {"edge": ("edge_distill", "a94e45d6a6602c93abc3ab9b8b87665fa4051ac6e6b161bc0f02ff38429ef297"),
+           "cloud": ("cloud", "12c245ab9ef7b07d842041c5f2d0dba29df872ea5cd2d6b23f4a459aae10d9f1")},
+}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def rebuild(pair: str, out: Path, runs: Path | None = None) -> dict[str, str]:
+    """Write pair's edge/ and cloud/ under `out` with its presets; returns model -> folder. Raises
+    SystemExit when a rebuilt weights file is not the one that was bundled."""
+    from .train import RUNS, export
+
+    if pair not in PAIRS:
+        raise SystemExit(f"unknown pair {pair!r}: one of {', '.join(PAIRS)}")
+    folders = {}
+    for model, (run, digest) in PAIRS[pair].items():
+        folder = out / model
+        export((runs or RUNS) / run, folder)
+        got = sha256(folder / "model.safetensors")
+        if got != digest:
+            raise SystemExit(f"{folder}: rebuilt from demo-train/{run} but its weights are not the {pair} pair's "
+                             f"(sha256 {got[:12]}…, expected {digest[:12]}…); was the state retrained?")
+        shutil.copyfile(HERE / "previous" / f"{pair}_presets.toml", folder / "specdec_presets.toml")
+        folders[model] = str(folder)
+    return folders
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pair", choices=list(PAIRS))
+    ap.add_argument("out", type=Path, help="folder for edge/ and cloud/")
+    args = ap.parse_args(argv)
+    print(json.dumps(rebuild(args.pair, args.out)))
+
+
+if __name__ == "__main__":
+    main()
