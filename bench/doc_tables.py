@@ -381,6 +381,24 @@ def link_cells(run: dict[str, Any], delay: str = "50ms", client: str = "pipeline
     return " / ".join(parts + [f"cloud-only {row['cloud']['s_per_clip']:.3f} s (1)"])
 
 
+CARRY_POINTS = 1.0
+
+
+def calibrate_carries(*runs: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: issue 41's item 5, what a user calibrates carries: `specdec calibrate` on 48
+    clips of one set, its quality preset on another set against cloud-only (bench/calibrate_carries.py)."""
+    rows = ["| pair | calibrated on | quality preset chosen | evaluated on | cloud-only | quality (vs cloud-only, points) "
+            f"| quality: cloud calls / token | within {CARRY_POINTS:g} point |", "|---|---|---|---|---:|---:|---:|---|"]
+    for run in runs:
+        choice = next(c for c in run["choices"] if c["name"] == "quality")
+        cloud, quality = run["eval"]["cloud"], run["eval"]["quality"]
+        gap = 100 * (quality["mean_accuracy"] - cloud["mean_accuracy"])
+        rows.append(f"| {run['label']} | {run['calibrated_on']} | {choice['setting']} | {run['evaluated_on']} | "
+                    f"{pct(cloud['mean_accuracy'])} % | {pct(quality['mean_accuracy'])} % ({signed(gap)}) | "
+                    f"{quality['cloud_call_rate']:.3f} | {_met(gap >= -CARRY_POINTS)} |")
+    return rows
+
+
 def demo_goals_settings(*runs: dict[str, Any]) -> list[str]:
     """docs/demo-pair.md: every setting of each pair's bench/demo_goals.py run, one row each."""
     rows = ["| pair | setting | mean attribute accuracy | vs cloud-only (points) | zero-cloud clips "
@@ -996,6 +1014,7 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "capacity": capacity,
     "demo_goals": demo_goals,
     "demo_goals_settings": demo_goals_settings,
+    "calibrate_carries": calibrate_carries,
     "demo_models": demo_models,
     "demo_heldout": demo_heldout,
     "demo_voice_groups": demo_voice_groups,
