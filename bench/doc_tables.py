@@ -269,7 +269,7 @@ def _oracle_row(run: dict[str, Any]) -> str:
 def gate_signal(run: dict[str, Any]) -> list[str]:
     """docs/meaning-gate.md section 11: every signal of bench/gate_signal.py on the bundled (v3)
     pair, calibration set / fresh measurement set, and the oracle."""
-    return _signal_head("the bundled pair, v3", "fresh") + _signal_rows(run, GATE_SIGNAL_LABELS) + [_oracle_row(run)]
+    return _signal_head("the v3 pair, bundled until issue 41", "fresh") + _signal_rows(run, GATE_SIGNAL_LABELS) + [_oracle_row(run)]
 
 
 def gate_signal_v2(run: dict[str, Any], probe600: dict[str, Any] | None = None) -> list[str]:
@@ -514,7 +514,7 @@ def capacity_goal(*runs: dict[str, Any]) -> list[str]:
                           if name != "cloud")
         verdict = ("none" if best is None else f"{best[0]}"), (
             "**not met**" if best is None else f"{best[1]:.2f}× {_met(best[1] >= CAPACITY_X)}")
-        pair = "v3 (bundled)" if run is runs[-1] else f"v2{' (`--edge`)' if run.get('edge') else ' (then bundled)'}"
+        pair = "v3 (bundled until issue 41)" if run is runs[-1] else f"v2{' (`--edge`)' if run.get('edge') else ' (then bundled)'}"
         load = f"{run['load_avg']['start'][0]:.1f} → {run['load_avg']['end'][0]:.1f}"
         rows.append(f"| {pair} | {load} | {run['clips']} | "
                     f"{modes['cloud']['accuracy']:.2f} % | {verdict[0]} | {verdict[1]} | {every} |")
@@ -760,9 +760,11 @@ def ray_batch_cli(run: dict[str, Any]) -> list[str]:
 
 def gate_signal_before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """docs/meaning-gate.md section 11, issue 34 item 3: the same fresh measurement set under the
-    v2 edge (`before`) and the v3 edge (`after`), every signal both runs have."""
+    v2 edge (`before`) and the v3 edge (`after`) (or the runs' `label`s: v3 -> v4 in
+    docs/demo-pair.md), every signal both runs have."""
     b, a = before["measurement"], after["measurement"]
-    rows = ["| on the fresh set | v2 edge | v3 edge |", "|---|---|---|",
+    old, new = before.get("label", "v2"), after.get("label", "v3")
+    rows = [f"| on the fresh set | {old} edge | {new} edge |", "|---|---|---|",
             f"| mean attribute accuracy (cloud-only: {a['cloud_accuracy']:.1f} %) | {b['edge_accuracy']:.1f} % | "
             f"{a['edge_accuracy']:.1f} % |",
             f"| clips whose edge answer is as good as cloud-only's | {b['edge_as_good_as_cloud']} / {b['clips']} | "

@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="fit the probes on this many other held-out clips instead of the calibration set")
     ap.add_argument("--probe-start", type=int, default=400)
     ap.add_argument("--json", type=Path, help="write the results here (JSON; default: stdout)")
+    ap.add_argument("--label", help="a name for the pair in the JSON (e.g. v3, v4; the docs tables' column)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
                 write_heldout(directory, n, start)
         pair = bench_pair(args.edge, args.noised_edge, Path(tmp), args.cloud)
         gate = load_gate(pair.presets_file, tokenizer_fingerprint(pair.tokenizer))
-        result = {"edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
+        result = {**({"label": args.label} if args.label else {}),
+                  "edge": (f"the bundled cloud plus noise x{args.noised_edge} of each tensor's std"
                            if args.noised_edge is not None else f"the edge in {args.edge}" if args.edge
                            else "the bundled demo edge"),
                   "cloud": f"the cloud in {args.cloud}" if args.cloud else "the bundled demo cloud",
