@@ -415,7 +415,8 @@ def demo_goals_settings(*runs: dict[str, Any]) -> list[str]:
 
 
 def capacity(run: dict[str, Any]) -> list[str]:
-    """docs/capacity.md: bench/capacity.py's per-mode results, at each mode's highest rate within the SLO."""
+    """docs/capacity.md: bench/capacity.py's per-mode results, at each mode's highest rate within the SLO
+    ("—" for × cloud-only where cloud-only met the SLO at no rate, as on a loaded machine)."""
     modes = run["modes"]
     base = modes["cloud"]
     top = max(m["max_clips_per_s"] for m in modes.values())
@@ -426,9 +427,10 @@ def capacity(run: dict[str, Any]) -> list[str]:
         rate = f"{m['max_clips_per_s']:.2f}"
         delta = "" if name == "cloud" else f" ({signed(m['accuracy_minus_cloud'])})"
         per_core = m["server_cpu_capacity_clips_per_s"]
+        times = "—" if m["clips_per_s_x_cloud"] is None else f"{m['clips_per_s_x_cloud']:.2f}"
         rows.append(
             f"| {'cloud-only (batched)' if name == 'cloud' else name} | {f'**{rate}**' if m['max_clips_per_s'] == top else rate} "
-            f"| {m['clips_per_s_x_cloud']:.2f} | {m['p50_s']:.3f} / {m['p95_s']:.3f} | {m['accuracy']:.2f} %{delta} "
+            f"| {times} | {m['p50_s']:.3f} / {m['p95_s']:.3f} | {m['accuracy']:.2f} %{delta} "
             f"| {1000 * m['server_cpu_s_per_clip']:.1f} | {per_core:.1f} ({per_core / base['server_cpu_capacity_clips_per_s']:.2f}) "
             f"| {1000 * m['client_cpu_s_per_clip']:.1f} | {m['uplink_bytes_per_clip'] / 1000:.1f} |")
     return rows

@@ -341,3 +341,17 @@ def test_gate_choices_rows_against_cloud_only():
     assert rows[2:] == ["| cloud-only | 0.0 % | 97.9 % | — | 0.965 | 133,809 | 322.6 |",
                         "| meaning-3 (k=12) | 18.8 % | 95.1 % | \u22122.8 | 0.096 | 96,193 | 248.0 |"]
     assert dt.gate_choices_calibration(run)[2:] == ["| cloud-only | 18.8 % | 95.1 % | — | 0.096 | 96,193 | 248.0 |"]
+
+
+def test_capacity_table_of_a_run_where_cloud_only_never_met_its_slo():
+    """bench/capacity.py on a loaded machine can find no rate at which cloud-only keeps its SLO (the v3
+    run of docs/results/bench-capacity-v3-v4clips.json): its × cloud-only column is then empty ("—"),
+    not a crash, and the per-core column still compares server CPU per clip."""
+    dt = tables_module()
+    run = json.loads((ROOT / "docs/results/bench-capacity-v3-v4clips.json").read_text(encoding="utf-8"))
+    assert run["modes"]["cloud"]["max_clips_per_s"] == 0.0
+    rows = dt.capacity(run)
+    cloud = next(r for r in rows if r.startswith("| cloud-only"))
+    assert cloud.split(" | ")[2] == "—" and "4.0 (1.00)" in cloud
+    quality = next(r for r in rows if r.startswith("| quality"))
+    assert "9.9 (2.45)" in quality
