@@ -15,7 +15,8 @@ from cloud_relay import Relay
 from fake_cloud import FakeCloud, Reply, consistent_verdict, identity, json_reply, msgpack_reply
 from remote_helpers import ROOT, SPECDEC, Server
 
-CLIPS = [ROOT / "samples" / name for name in ("m_slow_low.wav", "f_fast_high.wav", "m_mid_high.wav", "f_fast_low.wav")]
+# the first clip escalates at least twice under quality (the server dies at its 2nd verification)
+CLIPS = [ROOT / "samples" / name for name in ("f_mid_low_noisy.wav", "f_fast_high.wav", "m_mid_high.wav", "f_fast_low.wav")]
 SUMMARY = "the cloud failed on 4 of 4 clips (unreachable); the edge finished them alone"
 
 
@@ -40,8 +41,8 @@ def run(*args: object) -> subprocess.CompletedProcess:
 def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     """describe and batch of the same four clips, each against a server killed at its 2nd verification."""
     folder = tmp_path_factory.mktemp("clips")
-    for clip in CLIPS:
-        shutil.copy(clip, folder / clip.name)
+    for i, clip in enumerate(CLIPS):  # numbered: batch takes a folder in name order, describe as given
+        shutil.copy(clip, folder / f"{i}-{clip.name}")
     done = {}
     for name, args in (("describe", ["describe", *CLIPS]),
                        ("batch", ["batch", folder, "--out", folder / "r.jsonl"])):
