@@ -252,6 +252,10 @@ def test_swap_labels_on_a_hand_made_pair():
     """On the toy edge the only likely alternatives are 是 for 人 (p = 1/2, the sentence then says the
     same: the outcome below reads only 高/低) and 低 for 高 (p = 1/2, it says something else)."""
     edge, _ = _toy_pair()
+    # The wording fork a little less sure than the meaning fork (logits 10 against 12: p 0.49991 against
+    # 0.49999), so which alternative is likelier does not rest on the last bit of a float32 softmax
+    # (with both at 12 they differed by 6e-8, and the order flipped between machines).
+    edge.table[ID["说"], [ID["人"], ID["是"]]] = 10.0
     cfg = DecodingConfig(max_new_tokens=8, constraints=False)
     answer = speculative_decode(edge, edge, TOY_INPUTS, cfg.with_(threshold=math.inf), TOY_MASKS, [0]).tokens
     assert [TOY[t] for t in answer] == ["说", "人", "声", "高", "。", "<eos>"]
@@ -259,8 +263,7 @@ def test_swap_labels_on_a_hand_made_pair():
                         lambda ids: tuple(TOY[t] for t in ids if TOY[t] in ("高", "低")))
     got = [(TOY[s.drafted], TOY[s.alternative], round(s.p, 3), s.changed) for s in swaps]
     assert got == [("人", "是", 0.5, False), ("高", "低", 0.5, True)]
-    # max_swaps keeps the likeliest alternatives (here 低 for 高: p 0.4999877 against 0.4999876),
-    # labelled the same way
+    # max_swaps keeps the likeliest alternatives (here 低 for 高), labelled the same way
     bounded = swap_labels(edge, TOY_INPUTS, answer, cfg, TOY_MASKS, [0],
                           lambda ids: tuple(TOY[t] for t in ids if TOY[t] in ("高", "低")), max_swaps=1)
     assert bounded == [max(swaps, key=lambda s: s.p)] == swaps[1:]

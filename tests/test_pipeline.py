@@ -242,19 +242,22 @@ def test_k_for_the_link_only_where_k_is_free(server):
     (block_length.best_k of the measured round trip and edge step); a calibrated preset keeps its
     k (its threshold was chosen with it); --k wins; an in-process cloud is left alone."""
     from specdec_cli.decoding.block_length import best_k
+    from specdec_cli.models import presets_file_for
     from specdec_cli.pair import Pair
+    from specdec_cli.presets import resolve
 
+    shipped_k = resolve("quality", presets_file_for(None)).values["k"]  # the bundled presets file's (v4: 10)
     remote = Pair(cloud=server.url)
     client = remote.models.remote
     try:
         always = remote.resolve("quality", verify="always")
         assert always.cfg.k == always.run.k == best_k(client.rtt_s, client.edge_token_s)
         assert 0 < client.rtt_s < 5 and 0 < client.edge_token_s < 1
-        assert remote.settings("quality").k == 12
+        assert remote.settings("quality").k == shipped_k
         assert remote.settings("quality", verify="always", k=5).k == 5
     finally:
         client.close()
-    assert Pair().settings("quality", verify="always").k == 12
+    assert Pair().settings("quality", verify="always").k == shipped_k
 
 
 def test_drafting_ahead_pays_only_while_verdicts_take_longer_than_drafting():
