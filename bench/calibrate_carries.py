@@ -27,8 +27,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from specdec_cli.remote.local_server import SPECDEC  # noqa: E402
+
 DEMO = REPO / "specdec_cli/demo/models"
-SPECDEC = str(Path(sys.executable).with_name("specdec"))
 
 
 def clips(out: Path, kind: str, start: int, n: int) -> Path:

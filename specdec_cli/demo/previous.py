@@ -31,11 +31,8 @@ PAIRS: dict[str, dict[str, tuple[str, str]]] = {
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def rebuild(pair: str, out: Path, runs: Path | None = None) -> dict[str, str]:
