@@ -1,6 +1,7 @@
 """The earlier demo pairs, rebuilt bit for bit from their committed training states, for comparison.
 
-    python -m specdec_cli.demo.previous v3 DIR    # DIR/edge, DIR/cloud, the presets it shipped with
+    python -m specdec_cli.demo.previous v4 DIR    # DIR/edge, DIR/cloud, the presets it shipped with
+    python -m specdec_cli.demo.previous v3 DIR
     python -m specdec_cli.demo.previous v2 DIR
 
 The bundled pair (`specdec_cli/demo/models/`) is the latest; an earlier one is not kept as a second
@@ -27,6 +28,8 @@ PAIRS: dict[str, dict[str, tuple[str, str]]] = {
            "cloud": ("cloud", "12c245ab9ef7b07d842041c5f2d0dba29df872ea5cd2d6b23f4a459aae10d9f1")},
     "v3": {"edge": ("edge_distill", "a94e45d6a6602c93abc3ab9b8b87665fa4051ac6e6b161bc0f02ff38429ef297"),
            "cloud": ("cloud", "12c245ab9ef7b07d842041c5f2d0dba29df872ea5cd2d6b23f4a459aae10d9f1")},
+    "v4": {"edge": ("edge_v4", "6c33464f89dcb4dc7bedfa8a1e040561e93052a578209733c1e39c04e77b522f"),
+           "cloud": ("cloud_v4e", "bef0b2be82b4f9edadca78a0ecce703690750e3eef912e19322d25e2d85fb81e")},
 }
 
 
