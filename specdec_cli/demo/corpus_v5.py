@@ -339,6 +339,62 @@ def shard_jobs(out: Path, seed: int, sizes: dict[str, int], shard: int) -> list[
             for split, n in sizes.items() for k in range(0, n, shard)]
 
 
+# The telephone sample (samples/, with v4's nine): a held-out voice, a woman, on a G.711 μ-law line,
+# written as the 8 kHz file a telephone recording is. (file, split, gender, aimed bands (rate, pitch,
+# volume, pauses), length bucket, telephone codec)
+PHONE_SAMPLES = (("f_telephone.wav", "val_voices", "女声", ("语速适中", "音调适中", "音量适中", "停顿较少"), 1, "u-law"),)
+
+
+def write_samples(out: Path, seed: int = 4) -> None:
+    """samples/: corpus v4's nine clips (`corpus_v4.write_samples`, unchanged) and the telephone
+    sample(s), each drawn until its labels (rate, pitch, pauses before the line; volume as heard
+    through it) are every one it is named for; labels.jsonl lists them all."""
+    import soundfile as sf
+
+    from .corpus_v4 import write_samples as write_v4
+    from .measure import emotion_of
+
+    write_v4(out, seed)
+    lines = (out / "labels.jsonl").read_text(encoding="utf-8").splitlines()
+    by_name = {v.name: v for v in voices("heldout_voice") + voices("train") + voices("heldout_synth")}
+    for k, (name, split, gender, aimed, bucket, codec) in enumerate(PHONE_SAMPLES):
+        pool: dict[str, list[Voice]] = {}
+        for v in voices(SPLITS[split]):
+            if v.gender == gender:
+                pool.setdefault(v.synth, []).append(v)
+        targets = dict(zip(("rate", "pitch", "volume", "pauses"), aimed, strict=True))
+        for attempt in range(400):
+            rng = random.Random(f"{seed}/phone-samples/{k}/{attempt}")
+            plan = plan_clip(rng, targets, split, pool, seed, 0.0, (0.0, 0.0))
+            plan.bucket, plan.pad_lead_s, plan.pad_trail_s, plan.pause_s = bucket, 0.2, 0.2, []
+            rendered = render_plans([plan], by_name)[0]
+            if any(u is None for u in rendered):
+                continue
+            x, speech = assemble(plan, rendered, 1.0)
+            m = measure(x, SAMPLE_RATE)
+            labels, ambiguous = _clean_labels(m, gender)
+            if ambiguous or any(labels[a] != targets[a] for a in ("rate", "pitch", "pauses")):
+                continue
+            clean = Clean(plan, 1.0, gender, m, x, float(np.mean(speech.astype(np.float64) ** 2)), labels, [],
+                          attempt, k, split)
+            cp = hear(clean, [{"op": "family", "name": "telephone"}, {"op": "telephone", "codec": codec}], None)
+            if not cp.ambiguous and cp.labels["volume"] == targets["volume"]:
+                break
+        else:
+            raise RuntimeError(f"sample {name}: no draw measured as named")
+        from ..audio import resample
+
+        # the file a telephone line leaves: 8 kHz (what the line carries), 16-bit
+        sf.write(out / name, resample(cp.audio, SAMPLE_RATE, 8000), 8000, subtype="PCM_16")
+        assert cp.labels["emotion"] == emotion_of(labels["rate"], labels["pitch"])
+        lines.append(json.dumps({"file": name, "labels": cp.labels, "split": split, "voice": plan.voice,
+                                 "lang": plan.lang, "sentence": join(plan.parts, plan.lang),
+                                 "seconds": round(len(cp.audio) / SAMPLE_RATE, 2), "noise_snr_db": None,
+                                 "channel": cp.channel, "band_limited": True, "measures": asdict(m),
+                                 "heard_level_dbfs": cp.level_dbfs}, ensure_ascii=False))
+    (out / "labels.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train", type=int, default=3200, help="training clips (each written in two channels)")
@@ -349,7 +405,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=CORPUS_V5)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--samples", type=Path, default=None, metavar="DIR",
+                    help="only write the bundled demo clips + labels.jsonl to DIR (v4's nine and a telephone clip)")
     args = ap.parse_args(argv)
+    if args.samples:
+        write_samples(args.samples)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = {"val": args.val, "val_voices": args.val_voices, "val_synth": args.val_synth, "train": args.train}
     jobs = shard_jobs(args.out, args.seed, sizes, args.shard)
