@@ -1,6 +1,7 @@
 """Does one token's abandoned or flooding work cost another token? (issue 33)
 
-    python bench/server_fairness.py abandon|flood|slow|lazy|race [--json] [--server-path DIR] [options] [-- SERVE FLAGS…]
+    python bench/server_fairness.py abandon|flood|slow|lazy|race|refused|metrics [--json] [--server-path DIR]
+        [options] [-- SERVE FLAGS…]
 
 A real server process (`specdec --threads 1 serve --port 0`, the bundled demo cloud, two tokens A
 and B, plus any flags after `--`). `--server-path DIR` runs the server from another checkout's
@@ -37,6 +38,22 @@ prefill keeps the old server's window between check and add open; released toget
 the trials in which both got 200 (the later open replaced the other's session; target 0), and each
 answer's status.
 
+refused (issue 55, finding 1): B's answers are counted over `--window` s alone, as in lazy. Then
+A sends requests the server refuses, as fast as it can, from `--count` raw connections (each one
+request, then its answer, then the next; `--pipeline N`: N requests sent before their answers are
+read), the kind by `--refused`: `unknown` (a verify with `--ids` ids in `pending` to a session that
+does not exist: 404, or 400 once the schema bounds the list), `own` (a verify in A's own session
+with `--ids` ids in pending and a wrong `held`: 409 out_of_sync), `generate` (a cloud-only request
+with `--ids` prompt ids: too long), `json` (`unknown` as JSON), `tiny` (a verify of a few bytes to
+an unknown session), `anon` (GET /health without a token: 401), `route` (GET of a path that does
+not exist). After `--ramp` s, B's answers are counted over `--window` s again. Target (issue 55):
+B keeps at least a third (`b_loaded_over_unloaded` >= 0.33). Reported too: A's answers by status,
+and the CPU seconds the server process spent in each window.
+
+metrics (issue 55, finding 2): A opens and closes `--series` sessions (eager opens of a 1 s clip:
+each leaves a per-session series in /metrics), then polls /metrics from `--count` connections as
+fast as it can while B's answers are counted, as in refused.
+
 Each run prints the load averages (the machine is shared: judge figures with them).
 """
 
@@ -51,6 +68,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -331,6 +349,184 @@ def run_lazy(args: argparse.Namespace, server: Server, clips: Clips, out: dict) 
     out["metrics"] = counters(b.client)
 
 
+class Raw:
+    """A's client for the floods: one raw HTTP/1.1 connection, requests sent as bytes made once,
+    answers read by their Content-Length (a flood must cost its client as little as it can)."""
+
+    def __init__(self, port: int, request: bytes, pipeline: int = 1) -> None:
+        self.port, self.request, self.pipeline = port, request, pipeline
+        self.sock: socket.socket | None = None
+        self.buf = b""
+
+    def _connect(self) -> socket.socket:
+        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+        self.buf = b""
+        return self.sock
+
+    def _answer(self) -> tuple[str, bool]:
+        """One answer's status, and whether the server closes the connection after it."""
+        assert self.sock is not None
+        while b"\r\n\r\n" not in self.buf:
+            got = self.sock.recv(65536)
+            if not got:
+                raise ConnectionError("closed")
+            self.buf += got
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(fields.get("content-length", "0"))
+        while len(rest) < length:
+            got = self.sock.recv(65536)
+            if not got:
+                raise ConnectionError("closed")
+            rest += got
+        self.buf = rest[length:]
+        return lines[0].split(" ")[1], fields.get("connection", "").lower() == "close"
+
+    def round(self) -> list[str]:
+        """`pipeline` requests, then their answers: their statuses (an error's name for a failure)."""
+        try:
+            sock = self.sock or self._connect()
+            sock.sendall(self.request * self.pipeline)
+            got = []
+            for _ in range(self.pipeline):
+                status, closing = self._answer()
+                got.append(status)
+                if closing:
+                    break
+            if closing:
+                self.close()
+            return got
+        except OSError as exc:
+            self.close()
+            return [type(exc).__name__]
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def request_bytes(method: str, path: str, token: int | None, body: bytes = b"",
+                  content_type: str = wire.MSGPACK) -> bytes:
+    head = [f"{method} {path} HTTP/1.1", "Host: x"]
+    if token is not None:
+        head.append(f"Authorization: Bearer {TOKENS[token]}")
+    if body or method == "POST":
+        head += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def refused_request(args: argparse.Namespace, server: Server, clips: Clips) -> bytes:
+    """The request A floods with (run_refused's docstring says which kinds there are)."""
+    ids = [5] * args.ids
+    unknown = {"draft": [5, 6, 7, 8], "session": "u" * 22, "held": 10, "pending": ids}
+    if args.refused == "unknown":
+        return request_bytes("POST", "/v1/verify", 0, msgspec.msgpack.encode(unknown))
+    if args.refused == "json":
+        return request_bytes("POST", "/v1/verify", 0, msgspec.json.encode(unknown), wire.JSON)
+    if args.refused == "tiny":
+        return request_bytes("POST", "/v1/verify", 0, msgspec.msgpack.encode({**unknown, "pending": [5]}))
+    if args.refused == "generate":
+        clip = clips.clip(1.0)
+        body = {"clip": msgspec.to_builtins(clip), "config": msgspec.to_builtins(settings())}
+        body["clip"]["prompt_ids"] = ids
+        body["clip"]["audio"] = clip.audio
+        return request_bytes("POST", "/v1/generate", 0, msgspec.msgpack.encode(body))
+    if args.refused == "anon":
+        return request_bytes("GET", "/health", None)
+    if args.refused == "route":
+        return request_bytes("GET", "/v1/nothing-here", 0)
+    assert args.refused == "own"
+    r = httpx.post(f"{server.url}/v1/verify", headers=auth(0), timeout=120,
+                   content=wire.encode(wire.VerifyRequest([5, 6, 7, 8], clip=clips.clip(1.0), config=settings())))
+    assert r.status_code == 200, r.text
+    sid = msgspec.msgpack.decode(r.content)["session"]
+    return request_bytes("POST", "/v1/verify", 0, msgspec.msgpack.encode({**unknown, "session": sid, "held": 1}))
+
+
+def cpu_s(server: Server) -> float:
+    """The server process's CPU seconds so far (user + system)."""
+    fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def b_under(args: argparse.Namespace, server: Server, clips: Clips, out: dict,
+            a_round: Callable[[int], list[str]]) -> None:
+    """B's answers alone and while `a_round(i)` runs in a loop on each of A's `--count` threads."""
+    b = Verifier(server, clips.clip(args.small_seconds))
+
+    def count_b(seconds: float) -> dict[str, int]:
+        got: dict[str, int] = {}
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            _, status = b.once()
+            key = "200" if status in (0, 200) else str(status)
+            got[key] = got.get(key, 0) + 1
+        return got
+    count_b(1.0)  # warm-up
+    cpu0 = cpu_s(server)
+    out["b_unloaded"] = count_b(args.window)
+    out["server_cpu_s_unloaded"] = round(cpu_s(server) - cpu0, 2)
+    statuses: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def flood(i: int) -> None:
+        while not stop.is_set():
+            got = a_round(i)
+            with lock:
+                for key in got:
+                    statuses[key] = statuses.get(key, 0) + 1
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(args.count)]
+    for t in threads:
+        t.start()
+    time.sleep(args.ramp)
+    with lock:
+        statuses.clear()
+    cpu0, t0 = cpu_s(server), time.process_time()
+    out["b_loaded"] = count_b(args.window)
+    out["server_cpu_s_loaded"] = round(cpu_s(server) - cpu0, 2)
+    out["bench_client_cpu_s_loaded"] = round(time.process_time() - t0, 2)  # A's and B's clients together
+    with lock:
+        out["a_statuses"] = dict(statuses)
+    stop.set()
+    for t in threads:
+        t.join()
+    unloaded, loaded = out["b_unloaded"].get("200", 0), out["b_loaded"].get("200", 0)
+    out["b_loaded_over_unloaded"] = round(loaded / unloaded, 3) if unloaded else None
+    out["metrics"] = counters(b.client)
+
+
+def run_refused(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    request = refused_request(args, server, clips)
+    out["a_request_bytes"] = len(request)
+    conns = [Raw(server.port, request, args.pipeline) for _ in range(args.count)]
+    try:
+        b_under(args, server, clips, out, lambda i: conns[i].round())
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def run_metrics(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    body = wire.encode(wire.OpenRequest(clips.clip(1.0), settings()))
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        for _ in range(args.series):
+            r = client.post("/v1/sessions", content=body, headers=auth(0))
+            assert r.status_code == 200, r.text
+            client.delete(f"/v1/sessions/{msgspec.msgpack.decode(r.content)['session']}", headers=auth(0))
+        text = client.get("/metrics", headers=auth(0)).content
+    out["metrics_bytes"] = len(text)
+    out["metrics_series"] = text.count(b"\nspecdec_session_prefills_total{")
+    conns = [Raw(server.port, request_bytes("GET", "/metrics", 0)) for _ in range(args.count)]
+    try:
+        b_under(args, server, clips, out, lambda i: conns[i].round())
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 def run_race(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
     import secrets
 
@@ -366,7 +562,7 @@ def run_race(args: argparse.Namespace, server: Server, clips: Clips, out: dict) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy", "race"])
+    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy", "race", "refused", "metrics"])
     parser.add_argument("--server-path", help="run the server from this checkout (PYTHONPATH)")
     parser.add_argument("--count", type=int, help="A's requests (abandon: 120, flood: 100, slow: 185; "
                         "lazy: A's connections, 24)")
@@ -386,13 +582,19 @@ def main() -> None:
     parser.add_argument("--ramp", type=float, default=3.0, help="lazy: seconds of A's load before B is counted")
     parser.add_argument("--a-open", choices=["lazy", "eager"], default="lazy", help="lazy: how A opens its sessions (race: both)")
     parser.add_argument("--trials", type=int, default=12, help="race: trials")
+    parser.add_argument("--refused", choices=["unknown", "own", "generate", "json", "tiny", "anon", "route"],
+                        default="unknown", help="refused: what A floods with")
+    parser.add_argument("--ids", type=int, default=1 << 20, help="refused: ids in A's list")
+    parser.add_argument("--pipeline", type=int, default=1, help="refused: A's requests sent before their answers")
+    parser.add_argument("--series", type=int, default=1400, help="metrics: A's sessions opened and closed first")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     args.serve_flags = argv[cut + 1:]  # extra `specdec serve` flags
     if args.count is None:
-        args.count = {"abandon": 120, "flood": 100, "slow": 185, "lazy": 24, "race": 2}[args.run]
+        args.count = {"abandon": 120, "flood": 100, "slow": 185, "lazy": 24, "race": 2, "refused": 4,
+                      "metrics": 2}[args.run]
 
     clips = Clips()
     folder = Path(tempfile.mkdtemp())
@@ -403,8 +605,8 @@ def main() -> None:
     with Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
                 nofile=args.nofile if args.run == "slow" else None) as server:
         out["start_line"] = server.lines[-1].strip()
-        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy, "race": run_race}[args.run](
-            args, server, clips, out)
+        {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy, "race": run_race,
+         "refused": run_refused, "metrics": run_metrics}[args.run](args, server, clips, out)
         server.stop()
     out["log_lines"] = (folder / "serve.log").read_text(errors="replace").count("\n")
     out["loadavg_end"] = loadavg()

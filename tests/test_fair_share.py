@@ -20,7 +20,7 @@ import httpx
 import msgspec
 import numpy as np
 import pytest
-from cli_helpers import FAST, run_specdec
+from cli_helpers import FAST, bench_module, run_specdec
 from fake_cloud import FakeCloud, Reply, consistent_verdict, identity, json_reply, msgpack_reply
 from remote_helpers import Server
 
@@ -266,6 +266,135 @@ def test_a_flood_of_lazy_opens_leaves_another_token_a_third_of_its_answers(tmp_p
     assert alone > 30, alone  # (B's loop works alone)
     assert opened.count(200) >= 1, opened
     assert loaded >= alone / 3, (loaded, alone, {s: opened.count(s) for s in set(opened)})
+
+
+class Flood:
+    """A's raw connections (bench/server_fairness.py's `Raw`: requests made once, as bytes), each
+    sending `request` and reading its answer in a loop, as fast as it can, until stopped; the
+    statuses it was answered."""
+
+    def __init__(self, server: Server, request: bytes, connections: int, pipeline: int = 1) -> None:
+        bench = bench_module("server_fairness")
+        self.conns = [bench.Raw(server.port, request, pipeline) for _ in range(connections)]
+        self.statuses: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(c,)) for c in self.conns]
+
+    def _loop(self, conn) -> None:
+        while not self.stop.is_set():
+            self.statuses.extend(conn.round())
+
+    def __enter__(self) -> Flood:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        for c in self.conns:
+            c.close()
+
+
+def raw_request(method: str, path: str, token: int | None, body: bytes = b"", content_type: str = wire.MSGPACK) -> bytes:
+    return bench_module("server_fairness").request_bytes(method, path, token, body, content_type)
+
+
+@pytest.mark.spawns
+def test_a_flood_of_refused_requests_leaves_another_token_a_third_of_its_answers(tmp_path, pair):
+    """Issue 55, finding 1: a verification with 2^20 ids in `pending` (to a session that does not
+    exist) and a cloud-only request with 2^20 prompt ids were decoded and checked id by id on the
+    event loop before they were refused, 80-130 ms of the server each, charged to no token: one
+    connection of A sending them took B from 1,219 to 112 answers in 30 s (1M prompt ids: to 208).
+    Now the schema bounds a list by the longest context (MessagePack: refused from the list's
+    length), and A's refusals are paced. Counts in equal windows, in one run; the control: A's
+    requests are answered (refused), not left hanging."""
+    (tmp_path / "tokens").write_text("\n".join(TOKENS) + "\n")
+    ids = [5] * (1 << 20)
+    verify = msgspec.msgpack.encode({"draft": [5, 6, 7, 8], "session": "u" * 22, "held": 10, "pending": ids})
+    short = clip(pair, 1.0)
+    generate = msgspec.msgpack.encode({"clip": {"audio": short.audio, "codec": short.codec, "rate": 16000,
+                                                "prompt_ids": ids}, "config": msgspec.to_builtins(settings())})
+    floods = {"verify": raw_request("POST", "/v1/verify", 0, verify),
+              "generate": raw_request("POST", "/v1/generate", 0, generate)}
+    loaded, refused = {}, {}
+    with Server("--token-file", str(tmp_path / "tokens"), log=tmp_path / "serve.log") as server:
+        b = Verifying(server, clip(pair, 3.0))
+        b.count(1.0)  # warm-up
+        alone = b.count(5.0)
+        for name, request in floods.items():
+            with Flood(server, request, 2) as flood:
+                time.sleep(1.0)
+                loaded[name] = b.count(5.0)
+            refused[name] = {s: flood.statuses.count(s) for s in set(flood.statuses)}
+    assert alone > 20, alone  # (B's loop works alone)
+    for name in floods:
+        assert refused[name] and set(refused[name]) <= {"400", "404", "429"}, refused
+        assert loaded[name] >= alone / 3, (name, loaded, alone, refused)
+
+
+@pytest.mark.spawns
+def test_refused_requests_are_paced_per_token_and_without_a_token(tmp_path):
+    """Issue 55, findings 1 and 6: nothing bounded how many refused requests a token (or a client
+    with no token) could have answered: four raw connections pipelining tiny refused verifications
+    took B to 35 %, /health without a token to 42 %. Now each token's refusals beyond
+    --max-refusals-per-s (here 5; a burst of 10) wait before they are read, and the requests
+    without a valid token share one such limit. Counted: A's refusals answered in 3 s of pipelining
+    from two connections (at most 10 + 5 x 3, and the requests that were waiting when the window
+    closed: 2 x 4 pipelined) and the same for no token; B's refusals meanwhile are answered, and so
+    is B's good request."""
+    (tmp_path / "tokens").write_text("\n".join(TOKENS) + "\n")
+    tiny = msgspec.msgpack.encode({"draft": [5], "session": "u" * 22, "held": 1, "pending": [5]})
+    with Server("--token-file", str(tmp_path / "tokens"), "--max-refusals-per-s", "5",
+                log=tmp_path / "serve.log") as server:
+        counts = {}
+        for name, request in {"token": raw_request("POST", "/v1/verify", 0, tiny),
+                              "no token": raw_request("GET", "/health", None)}.items():
+            with Flood(server, request, 2, pipeline=4) as flood:
+                time.sleep(3.0)
+                answered = len(flood.statuses)
+                if name == "token":
+                    with httpx.Client(base_url=server.url, timeout=30) as http:
+                        b_refused = [http.post("/v1/verify", content=tiny, headers=auth(1)).status_code
+                                     for _ in range(10)]
+                        b_health = http.get("/health", headers=auth(1)).status_code
+            counts[name] = (answered, {s: flood.statuses.count(s) for s in set(flood.statuses)})
+        paced = metric(server, "specdec_paced_requests")
+    for name, (answered, statuses) in counts.items():
+        assert 10 <= answered <= 10 + 5 * 3 + 2 * 4, (name, counts)
+        assert set(statuses) <= {"404" if name == "token" else "401", "429"}, counts
+    assert b_refused == [404] * 10 and b_health == 200
+    assert paced >= 2
+
+
+def test_a_pacer_holds_a_key_over_its_rate_and_not_the_others():
+    """fairness.Pacer worked by hand (2 a second, a burst of 4, a clock the test moves): four
+    refusals pass, the fifth puts the key 0.5 s over; 0.5 s later it is within again; another key is
+    never held; a key with its one allowed waiter waiting gets Overdue at once."""
+    now = [100.0]
+    pacer = fairness.Pacer(2.0, 4, lambda key: 1, clock=lambda: now[0])
+    for _ in range(4):
+        assert pacer.delay("A") == 0
+        pacer.charge("A")
+    assert pacer.delay("A") == 0  # the burst: 4 at once
+    pacer.charge("A")
+    assert pacer.delay("A") == pytest.approx(0.5)
+    assert pacer.delay("B") == 0
+    now[0] += 0.5
+    assert pacer.delay("A") == 0
+    pacer.charge("A")
+    assert pacer.delay("A") == pytest.approx(0.5)
+
+    async def two_waiting() -> tuple[bool, int]:
+        first = asyncio.ensure_future(pacer.wait("A"))
+        await asyncio.sleep(0)
+        with pytest.raises(fairness.Overdue) as overdue:
+            await pacer.wait("A")
+        first.cancel()
+        return await pacer.wait("B"), overdue.value.retry_after
+    assert asyncio.run(two_waiting()) == (False, 1)
+    assert fairness.Pacer(0, 0, lambda key: 1).delay("A") == 0  # rate 0: no limit
 
 
 def test_a_batch_charges_each_token_its_rows_and_takes_one_open_per_token():

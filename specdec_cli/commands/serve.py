@@ -72,6 +72,10 @@ def serve(
     fair_hold_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a free turn of the model is kept for the "
                                                 "token that has had less model time than the next waiter "
                                                 "(its next request is a round trip away; 0: never).")] = 20.0,
+    max_refusals_per_s: Annotated[float, typer.Option(min=0, help="Refused requests (4xx) a second one token may "
+                                                      "have (twice that at once); beyond it its next requests wait "
+                                                      "before they are read. Requests without a valid token share "
+                                                      "one such limit (0: no limit).")] = 10.0,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT` (limits: docs/security.md)."""
     from ..models import demo_pair
@@ -95,7 +99,7 @@ def serve(
     options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
                                   max_connections, header_timeout, body_timeout, keep_alive_timeout,
                                   max_generate_batch, max_requests_per_token, max_waiting_per_token, prep_slots,
-                                  fair_hold_ms)
+                                  fair_hold_ms, max_refusals_per_s)
     if fleet is not None:  # each replica loads the model; this process only deploys them
         from ..scale import serve_fleet
 

@@ -20,6 +20,12 @@ What a production server promises here, and what this module gives the server:
   light owner). `RoundRobin` is the order of the batchers' queues (batching.py, generations.py): a
   batch is filled one request per token in turn.
 
+* **Refusals paced per token** (issue 55; nginx's `limit_req`, a leaky bucket per key): a request
+  the server refuses has cost its reading, decoding and checking, and nothing bounded how many a
+  token could send. `Pacer` counts each token's refusals (and those of requests without a valid
+  token, together); a token over its rate waits, before its next request is read, until it is back
+  within it (gate.py applies it to every request, before routing).
+
 Written by hand (asyncio futures and deques): anyio's CapacityLimiter and asyncio's Lock/Semaphore
 grant in arrival order, which is exactly the first-come-first-served this replaces.
 """
@@ -29,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -272,6 +280,62 @@ class InFlight:
             self._count[owner] -= 1
             if not self._count[owner]:
                 del self._count[owner]
+
+
+class Pacer:
+    """At most `rate` events a second per key, `burst` of them at once (nginx's `limit_req` with a
+    burst, by the generic cell rate algorithm: one time per key, the "theoretical arrival time"
+    of its next event, pushed 1/rate ahead by each). The events are refusals, known only once a
+    request has been refused: `charge(key)` counts one, and `wait(key)` (called before a request
+    is read) waits while the key is over its rate. At most `max_waiting(key)` requests of a key
+    wait; beyond that `Overdue` at once. rate 0: no limit."""
+
+    def __init__(self, rate: float, burst: int, max_waiting: Callable[[Hashable], int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_waiting, self.clock = rate, burst, max_waiting, clock
+        self._due: dict[Hashable, float] = {}  # key -> the theoretical arrival time of its next event
+        self._waiting: collections.Counter[Hashable] = collections.Counter()
+
+    def charge(self, key: Hashable) -> None:
+        if self.rate <= 0:
+            return
+        now = self.clock()
+        self._due[key] = max(self._due.get(key, now), now) + 1 / self.rate
+
+    def delay(self, key: Hashable) -> float:
+        """Seconds until the key is within its rate again (0: it is)."""
+        due = self._due.get(key)
+        if due is None:
+            return 0.0
+        now = self.clock()
+        if due <= now:
+            del self._due[key]  # (the table holds only keys refused a moment ago)
+            return 0.0
+        return max(0.0, due - now - self.burst / self.rate)
+
+    async def wait(self, key: Hashable) -> bool:
+        """Whether the key had to wait (it was over its rate)."""
+        delay = self.delay(key)
+        if delay <= 0:
+            return False
+        if self._waiting[key] >= self.max_waiting(key):
+            raise Overdue(delay)
+        self._waiting[key] += 1
+        try:
+            await asyncio.sleep(delay)
+            return True
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+
+
+class Overdue(Exception):
+    """A key over its rate with as many requests waiting as it may have: refuse this one now."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"over the rate for {delay:.1f} s more")
+        self.retry_after = max(1, math.ceil(delay))
 
 
 class Gone(Exception):

@@ -82,7 +82,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import InputError
-from . import access_log, fairness, limits, openapi, wire
+from . import access_log, fairness, gate, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
 from .sessions import CloudSession, MemoryReturn, Sessions
 
@@ -101,6 +101,7 @@ MAX_WAITING_PER_TOKEN = 8  # requests of one token waiting for a turn of the mod
 PREP_SLOTS = 2            # clips decoded (samples -> features) at once
 FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next request (fairness.Turns, batching)
 FAIR_CREDIT_S = 0.5       # model time a token may stay behind the least served active one (fairness.Turns.lift)
+MAX_REFUSALS_PER_S = 10.0  # refused requests a second per token before its next ones wait (gate.py; burst: twice)
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -225,6 +226,8 @@ class Metrics:
         self._prefill_labels: OrderedDict[str, None] = OrderedDict()
         self.abandoned = Counter("specdec_abandoned_requests", "Requests whose client disconnected before "
                                  "the answer (their work cancelled), by endpoint", ["endpoint"], registry=r)
+        self.paced = Counter("specdec_paced_requests", "Requests held before they were read because their "
+                             "token's refusals were over --max-refusals-per-s", registry=r)
         self.cancelled = Counter("specdec_cancelled_work", "Work dropped because its client had gone: queued "
                                  "(left a queue before its turn), row (a generation left its batch), session "
                                  "(a session being opened not kept)", ["what"], registry=r)
@@ -282,6 +285,7 @@ class ServeOptions:
     max_waiting_per_token: int = MAX_WAITING_PER_TOKEN  # waiting for a turn of the model, or in a batcher's queue
     prep_slots: int = PREP_SLOTS               # clips decoded at once
     fair_hold_ms: float = FAIR_HOLD_MS         # a free model turn kept for a lighter owner's next request; 0: never
+    max_refusals_per_s: float = MAX_REFUSALS_PER_S  # per token (and for all requests without one); 0: no limit
 
     @property
     def per_token(self) -> int:
@@ -349,6 +353,10 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                                  FAIR_CREDIT_S)
     prep_turns = fairness.Turns(options.prep_slots, options.max_waiting_per_token, cancelled_queued)
     in_flight = fairness.InFlight(options.requests_per_token)
+    # Refusals per token (gate.py); as many of a token's requests may wait for its rate as it may
+    # have in flight.
+    pacer = fairness.Pacer(options.max_refusals_per_s, max(1, round(2 * options.max_refusals_per_s)),
+                           lambda key: gate.ANONYMOUS_WAITING if key == gate.ANONYMOUS else options.requests_per_token)
     tokens = [t.encode() for t in options.tokens]
     crashed = OnceLog()
     # Bodies: the longest clip as float32 (FLAC is smaller) plus room for ids and settings.
@@ -356,22 +364,29 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     document = openapi.document()
     hosted.min_samples  # found once, now, not in the first request  # noqa: B018
 
-    def owner_of(request: Request) -> int:
+    def token_of(given: str) -> int | None:
+        """The token an Authorization header's value names (its index; 0 without tokens), or None."""
         if not tokens:
             return 0
-        given = request.headers.get("authorization", "")
         scheme, _, value = given.partition(" ")
         value_b = value.strip().encode()
-        found = -1
+        found = None
         for i, token in enumerate(tokens):  # every token compared, in constant time each
             if hmac.compare_digest(value_b, token) and scheme.lower() == "bearer":
                 found = i
-        if found < 0:
-            raise ApiError(401, "unauthorized", "missing or wrong token: send Authorization: Bearer <token>",
-                           {"WWW-Authenticate": "Bearer"})
         return found
 
-    async def body_of(request: Request, kind: type) -> Any:
+    def identify(scope: dict[str, Any]) -> int | None:
+        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        return token_of(given.decode("latin-1"))
+
+    def owner_of(request: Request) -> int:
+        found = token_of(request.headers.get("authorization", ""))
+        if found is None:  # (the gate answered it already; kept for a caller outside the app's stack)
+            raise ApiError(401, "unauthorized", gate.UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+        return found
+
+    async def body_of(request: Request, kind: type, owner: int) -> Any:
         length = request.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
@@ -396,10 +411,17 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             metrics.abandoned.labels({"/v1/verify": "verify", "/v1/generate": "generate",
                                       "/v1/sessions": "open"}.get(request.url.path, "other")).inc()
             raise ApiError(400, "truncated", "the body ended before its Content-Length") from None
+        # Decoded on the event loop: within the schema's bounds (wire.py: lists of ids by the
+        # longest context, JSON's list entries counted before decoding) a body decodes in at most a
+        # few milliseconds, and its CPU is charged to its token's model time (the counters its turns
+        # are granted by), so one token's bodies cost the others nothing they are not paid back.
+        started = time.thread_time()
         try:
             return wire.decode(kind, b"".join(chunks), request.headers.get("content-type"))
         except wire.BadMessage as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
+        finally:
+            model_turns.charge(owner, time.thread_time() - started)
 
     def answer(request: Request, message: msgspec.Struct) -> Response:
         """MessagePack (the client's), or JSON when the request accepts JSON and not MessagePack."""
@@ -409,8 +431,10 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         return Response(wire.encode(message), media_type=wire.MSGPACK)
 
     def check_ids(ids: list[int], what: str) -> None:
-        bad = next((t for t in ids if not 0 <= t < hosted.vocab), None)
-        if bad is not None:
+        """Every id within the vocabulary: min and max in C (a list's length is checked first, by
+        the schema and against the context, so this is at most a context's worth of ids)."""
+        if ids and (min(ids) < 0 or max(ids) >= hosted.vocab):
+            bad = next(t for t in ids if not 0 <= t < hosted.vocab)
             raise ApiError(400, "bad_token", f"{what} holds token id {bad}, outside the vocabulary (0..{hosted.vocab - 1})")
 
     def config_of(given: wire.DecodingSettings, mode: str) -> Any:
@@ -612,7 +636,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         with in_flight(owner):
             arriving[owner] += 1  # (the batcher's window waits only while one of these could join)
             try:
-                req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest)
+                req: wire.VerifyRequest = await body_of(request, wire.VerifyRequest, owner)
                 return await until_gone(request, "verify", verify_read(request, owner, req, started))
             finally:
                 arriving[owner] -= 1
@@ -620,9 +644,13 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                     del arriving[owner]
 
     async def verify_read(request: Request, owner: int, req: wire.VerifyRequest, started: float) -> Response:
+        # Lengths, then the session, then the ids (issue 55: every id of `pending` was looked at
+        # before its length or the session was).
         k = len(req.draft)
+        if len(req.pending) + k > hosted.context:
+            raise ApiError(400, "too_long", f"{len(req.pending) + k} tokens are over the model's context "
+                                            f"({hosted.context})")
         check_ids(req.draft, "the draft")
-        check_ids(req.pending, "pending")
         if req.sampling is not None and not (len(req.sampling.p_draft) == len(req.sampling.u) == k):
             raise ApiError(400, "bad_request", "sampling needs one p_draft and one u per draft token")
         # (one function, not one per path: a crash's logged traceback stays as short as it was)
@@ -635,6 +663,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 if len(prompt) + len(req.pending) + k > hosted.context:
                     raise ApiError(400, "too_long", f"{len(prompt) + len(req.pending) + k} tokens are over the "
                                                     f"model's context ({hosted.context})")
+                check_ids(req.pending, "pending")
                 session = await new_session(owner, req.clip, cfg, prompt, prefill=False, sid=req.session)
                 # Its turn taken before anything can await: a verification of it sent before this
                 # verdict (protocol 3) waits behind this one instead of reading a cache being filled.
@@ -654,6 +683,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 turn.callback(session.turn.release)
                 session = sessions.get(req.session, owner)  # still open (it may have ended meanwhile)
                 check_assumption(session, req)
+                check_ids(req.pending, "pending")
                 sequence_len = len(session.cloud) + len(req.pending)
                 if not req.pending and session.cloud.state.last_logits is None:
                     raise ApiError(400, "bad_request", "the session was cut back to a prefix; send the token that "
@@ -717,7 +747,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     async def generate(request: Request) -> Response:
         owner = owner_of(request)
         with in_flight(owner):
-            req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest)
+            req: wire.GenerateRequest = await body_of(request, wire.GenerateRequest, owner)
             gone = threading.Event()  # a generation run alone (HF generate) stops at its next step
             return await until_gone(request, "generate", generate_read(request, owner, req, gone), gone.set)
 
@@ -753,7 +783,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         the clip (`--upload eager`) and its first verification carries only ids."""
         owner = owner_of(request)
         with in_flight(owner):
-            req: wire.OpenRequest = await body_of(request, wire.OpenRequest)
+            req: wire.OpenRequest = await body_of(request, wire.OpenRequest, owner)
             return await until_gone(request, "open", open_read(request, owner, req))
 
     async def open_read(request: Request, owner: int, req: wire.OpenRequest) -> Response:
@@ -824,8 +854,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
     # CrashGuard inside Starlette's ServerErrorMiddleware: http_errors.py says why.
     stopping = threading.Event()  # set by serve() when a signal stops the server
+    def gate_answered(status: int) -> None:
+        metrics.requests.labels(str(status)).inc()
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(CrashGuard, on_crash=on_crash, stopping=stopping.is_set)],
+                    middleware=[Middleware(CrashGuard, on_crash=on_crash, stopping=stopping.is_set),
+                                Middleware(gate.Gate, identify=identify, pacer=pacer, answered=gate_answered,
+                                           paced=metrics.paced.inc)],
                     exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
     # No redirect from `/v1/sessions/` to `/v1/sessions` (Starlette's default since that route
     # exists): a 307 is neither an answer nor a one-line error, and no client of ours needs it.
