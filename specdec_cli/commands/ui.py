@@ -502,6 +502,12 @@ def clips(n: int) -> str:
     return count(n)
 
 
+def names_of(files: Sequence[str], shown: int = 3) -> str:
+    """The first few file names (printable), and how many more."""
+    more = f" and {len(files) - shown} more" if len(files) > shown else ""
+    return ", ".join(printable(f) for f in files[:shown]) + more
+
+
 def failure_advice(kinds: dict[str, int], to_stdout: bool = False) -> str:
     """What to do about a batch's failed records, by their `error_kind`: a rerun only for those it may
     help; for the others, what would ("; …" parts to end the batch's error line)."""

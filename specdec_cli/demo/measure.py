@@ -25,7 +25,8 @@ is relative to the gender's reference, is then left out too.
 
 writes `DIR/labels.jsonl`: per audio file its measures and the bands that are clear of the gaps
 (the `labels` object `specdec eval` and `specdec calibrate` read; ambiguous attributes are listed
-under `ambiguous` and left out of `labels`).
+under `ambiguous` and left out of `labels`, and both score each attribute over the clips labelled
+for it). It needs the measure extra: pip install 'specdec-omni[measure]'.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def _praat():
     try:
         import parselmouth
         from parselmouth.praat import call
-    except ImportError as e:  # a dependency of the demo-build extra only
-        raise SystemExit("measuring needs praat-parselmouth: pip install 'specdec-omni[measure]'") from e
+    except ImportError as e:  # the measure extra's one dependency (pyproject.toml), not the base install's
+        raise SystemExit("error: measuring needs praat-parselmouth, in specdec's measure extra: "
+                         "pip install 'specdec-omni[measure]'") from e
     return parselmouth, call
 
 
