@@ -98,6 +98,15 @@ class UiServer:
         return self.proc.wait(timeout=30)
 
 
+def as_phone(driver) -> None:
+    """The viewport of a phone (PHONE, CSS pixels, touch, a mobile viewport), as Chromium's device
+    toolbar sets it: a window's size would also count the window's own frame."""
+    width, height = PHONE
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": True})
+    driver.execute_cdp_cmd("Emulation.setTouchEmulationEnabled", {"enabled": True})
+
+
 def browser(profile: Path, size: tuple[int, int] = (1000, 900), mic: Path | None = None):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -202,7 +211,7 @@ def test_an_uploaded_sample_gets_the_sentence_trace_and_record_of_specdec_descri
     assert driver.find_element("id", "sentence").text == record["description"]
     assert page_trace(driver) == trace and len(trace) >= 2
     # The record, as the page keeps it to copy: the same as --json's, but for the timings.
-    shown = json.loads(driver.find_element("id", "record").get_attribute("data-line"))
+    shown = json.loads(driver.find_element("id", "record-json").get_attribute("data-line"))
     timings = {"latency_s", "tokens_per_s"}
     assert {k: v for k, v in shown.items() if k not in timings} == {k: v for k, v in record.items()
                                                                     if k not in timings | {"file"}} | \
@@ -211,6 +220,8 @@ def test_an_uploaded_sample_gets_the_sentence_trace_and_record_of_specdec_descri
     accepted = driver.find_elements("css selector", "#blocks .tok.accepted")
     assert len(accepted) == record["accepted_tokens"] - _unverified(driver)
     assert not driver.find_element("id", "error").is_displayed()
+    assert driver.find_element("id", "record-json").is_displayed()
+    assert driver.find_element("id", "record").text == "● Record"  # the button, ready for another clip
 
 
 def _unverified(driver) -> int:
@@ -232,7 +243,7 @@ def test_a_file_that_is_not_audio_is_one_line_on_the_page_as_the_cli_says_it(ser
     assert error.text == cli.stderr.strip().replace(str(bad), bad.name)  # "error: cannot decode notes.wav as …"
     assert "Traceback" not in driver.page_source
     # Its error record is there to copy too, as `describe --json` would print it.
-    assert json.loads(driver.find_element("id", "record").get_attribute("data-line"))["error_kind"] == "input"
+    assert json.loads(driver.find_element("id", "record-json").get_attribute("data-line"))["error_kind"] == "input"
 
 
 @needs_chromium
@@ -249,7 +260,7 @@ def test_a_recording_from_the_microphone_is_described(server, driver):
     driver.find_element(By.ID, "record").click()
     state = wait(driver, finished, 180, "the recording's description")
     assert state == "done", driver.find_element(By.ID, "error").text
-    record = json.loads(driver.find_element(By.ID, "record").get_attribute("data-line"))
+    record = json.loads(driver.find_element(By.ID, "record-json").get_attribute("data-line"))
     assert record["file"] == "recording.webm"
     assert 2.5 <= record["audio_s"] <= 30 and record["description"]
     assert driver.find_element(By.ID, "sentence").text == record["description"]
@@ -260,7 +271,7 @@ def test_a_recording_from_the_microphone_is_described(server, driver):
 def test_on_a_phone_sized_window_nothing_is_wider_than_the_screen(server, tmp_path):
     phone = browser(tmp_path / "phone", size=PHONE)
     try:
-        phone.set_window_size(*PHONE)
+        as_phone(phone)
         ready(phone, server.url)
         assert upload(phone, SAMPLE) == "done"
         width = phone.execute_script("return window.innerWidth")
@@ -309,29 +320,37 @@ def test_two_clips_at_once_take_turns_and_both_get_their_sentence(server, oracle
 # -- the guide's screenshots ---------------------------------------------------------------------------
 
 def screenshots(out: Path = ROOT / "docs") -> list[Path]:
-    """docs/ui.png and docs/ui-phone.png: the page after describing the sample, whole (a desktop window
-    and a phone's), from a real server and browser."""
+    """The page after describing the sample, from a real server and browser: docs/ui.png (a desktop
+    window, the whole page) and, on a phone's screen (PHONE), docs/ui-phone.png (what it shows
+    first) and docs/ui-phone-trace.png (scrolled to the trace)."""
     if chromium() is None:
         sys.exit("no Chromium and chromedriver: apt-get install chromium chromium-driver (make browser)")
-    if not any("CJK" in f or "Micro Hei" in f or "zh" in f for f in _fonts()):
+    if not _fonts():
         sys.exit("no font with Chinese characters: apt-get install fonts-wqy-microhei (the page would show boxes)")
     running = UiServer().start()
     written = []
     try:
-        for name, size in (("ui.png", (1000, 900)), ("ui-phone.png", PHONE)):
+        for phone in (False, True):
             with tempfile.TemporaryDirectory() as profile:
-                driver = browser(Path(profile), size=size)
+                driver = browser(Path(profile), size=PHONE if phone else (1000, 900))
                 try:
-                    driver.set_window_size(*size)
+                    if phone:
+                        as_phone(driver)
                     ready(driver, running.url)
                     assert upload(driver, SAMPLE) == "done"
                     driver.execute_script("document.activeElement.blur()")
-                    height = driver.execute_script("return document.documentElement.scrollHeight")
-                    if name == "ui.png":  # the whole page; the phone's: what one screen shows, then the trace
-                        driver.set_window_size(size[0], height + 140)  # + the window's own chrome
-                    path = out / name
-                    driver.save_screenshot(str(path))
-                    written.append(path)
+                    if phone:
+                        written.append(out / "ui-phone.png")
+                        driver.save_screenshot(str(written[-1]))
+                        driver.execute_script("document.getElementById('result').scrollIntoView()")
+                        written.append(out / "ui-phone-trace.png")
+                    else:  # the whole page: the window as tall as the page (plus the window's own frame)
+                        inner = driver.execute_script("return window.innerHeight")
+                        outer = driver.get_window_size()["height"]
+                        height = driver.execute_script("return document.documentElement.scrollHeight")
+                        driver.set_window_size(1000, height + outer - inner)
+                        written.append(out / "ui.png")
+                    driver.save_screenshot(str(written[-1]))
                 finally:
                     driver.quit()
     finally:

@@ -220,3 +220,31 @@ def test_an_address_beyond_loopback_is_warned_about():
     warning, error = done.output.splitlines()
     assert warning.startswith("warning: listening on 192.0.2.1: anyone who reaches this port can use the page")
     assert error.startswith("error: cannot listen on 192.0.2.1 port 0:")
+
+
+def test_the_pages_element_ids_are_unique_and_the_script_finds_each_one():
+    html = (STATIC / "index.html").read_text(encoding="utf-8")
+    ids = re.findall(r'\bid="([^"]+)"', html)
+    assert len(ids) == len(set(ids))  # a second id="record" once made the record's JSON land in the button
+    script = (STATIC / "page.js").read_text(encoding="utf-8")
+    assert set(re.findall(r'\$\("([^"]+)"\)', script)) <= set(ids)
+
+
+@pytest.mark.spawns
+def test_with_a_remote_cloud_the_page_says_which_and_the_record_counts_the_link(pair):
+    from specdec_cli.remote.local_server import LocalServer
+
+    server = LocalServer().start()
+    try:
+        remote = Pair(cloud=server.url, on_cloud_failure="fail")
+        client = TestClient(create_app(Page(remote), ["127.0.0.1"]), base_url="http://127.0.0.1:7860")
+        info = client.get("/api/info").json()
+        assert info["cloud_url"] == server.url and info["cloud_label"] == server.url
+        done = events(post(client, SAMPLE.read_bytes(), preset="quality", name=SAMPLE.name))[-1]
+        record = json.loads(done["record"])
+    finally:
+        server.stop()
+    assert record["cloud_url"] == server.url
+    assert record["uplink_bytes"] > 0 and record["round_trips"] >= record["cloud_calls"] >= 1
+    # The sentence is the in-process cloud's, token for token (docs/serve.md).
+    assert done["sentence"] == pair.describe(str(SAMPLE), preset="quality").description

@@ -146,8 +146,13 @@ class Page:
     def info(self) -> dict[str, Any]:
         models = self.pair.models
         remote = models.remote
+        spec = self.pair.spec
         return {
             "edge": models.edge_id, "cloud": models.cloud_id,
+            # What the page's header says (the full ids are its tooltip): a phone has no room for two paths.
+            "edge_label": "demo edge" if spec.edge is None else _short(models.edge_id),
+            "cloud_label": (remote.url if remote is not None else "demo cloud" if spec.cloud is None
+                            else _short(models.cloud_id)),
             "cloud_url": remote.url if remote is not None else None,
             "cloud_down": models.cloud_down,
             "presets": [{"name": name, "description": p.description, **{k: _jsonable(v) for k, v in p.values.items()
@@ -227,6 +232,12 @@ def _notes(caught: list[warnings.WarningMessage], shown: int, put: Callable[[dic
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return len(caught)
+
+
+def _short(model: str) -> str:
+    """A model as the header names it: a Hub id as it is, a folder by its last part."""
+    path = Path(model)
+    return path.name if path.is_absolute() or path.exists() else model
 
 
 def _line(item: dict[str, Any]) -> bytes:

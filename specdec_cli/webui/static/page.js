@@ -52,8 +52,10 @@ async function start() {
     showError("the page could not reach its server (" + err.message + "); is `specdec ui` still running?");
     return;
   }
-  const cloud = info.cloud_url ? info.cloud_url + " (" + info.cloud + ")" : info.cloud + " (in this process)";
-  $("pair").textContent = "edge " + info.edge + " · cloud " + cloud + (info.cloud_down ? " · cloud down: the edge alone" : "");
+  const where = info.cloud_url ? " (" + info.cloud + ")" : " (in this process)";
+  $("pair").textContent = info.edge_label + " · " + info.cloud_label + where +
+    (info.cloud_down ? " · cloud down: the edge alone" : "");
+  $("pair").title = "edge " + info.edge + "\ncloud " + (info.cloud_url || info.cloud);
   for (const p of info.presets) {
     const option = el("option", null, p.name);
     option.value = p.name;
@@ -303,20 +305,20 @@ function summarize(r) {
 }
 
 function showRecord(line) {
-  $("record").textContent = JSON.stringify(JSON.parse(line), null, 2);
-  $("record").dataset.line = line;
+  $("record-json").textContent = JSON.stringify(JSON.parse(line), null, 2);
+  $("record-json").dataset.line = line;
   $("record-card").hidden = false;
 }
 
 async function copyRecord() {
-  const line = $("record").dataset.line || "";
+  const line = $("record-json").dataset.line || "";
   try {
     await navigator.clipboard.writeText(line);
     $("copy").textContent = "Copied";
   } catch (_) {
     // No clipboard for this page: select the record, for Ctrl-C.
     const range = document.createRange();
-    range.selectNodeContents($("record"));
+    range.selectNodeContents($("record-json"));
     const selection = window.getSelection();
     selection.removeAllRanges();
     selection.addRange(range);
