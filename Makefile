@@ -10,7 +10,7 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install dev speech demo test lint docs bench presets mutate clean gpu-check gpu-wheels
+.PHONY: install dev speech browser demo test lint docs bench presets mutate clean gpu-check gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -51,7 +51,15 @@ speech:
 		&& test -d /usr/share/festival/voices/russian; } >/dev/null || ! command -v apt-get >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq $(SPEECH_PACKAGES) >/dev/null; }
 
-test: dev speech
+# Chromium and its driver, for the browser test of `specdec ui` (tests/test_ui_page.py drives them
+# with selenium, headless); Debian's packages, installed when missing and apt-get is there, as
+# `speech` does. Without them that test skips and says why.
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || ! command -v apt-get >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; }
+
+test: dev speech browser
 	$(BIN)/python -m pytest
 
 lint: dev

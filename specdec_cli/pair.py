@@ -84,6 +84,10 @@ class Pair:
     1..4 or "auto" (each block sent before the verdict it assumes; it changes no token)."""
 
     _api = False  # True when built by Pair(...) from Python; the command line's come from from_spec
+    # What a message about a file over the models' window tells its reader to do, where the caller
+    # knows better than the default (the command line's --segment, or the Python API's
+    # pair.segments): the web page's, which takes one clip and has no --segment.
+    too_long_hint: str | None = None
 
     def __init__(self, edge: str | None = None, cloud: str | None = None, device: str = "cpu",
                  dtype: str = "float32", presets: str | Path | None = None, *,
@@ -194,8 +198,8 @@ class Pair:
             if rate is not None:
                 raise ValueError("rate is for waveforms; a file says its own rate")
             # The Python API's terms for a file over the window: its caller has Pair.segments, not --segment.
-            hint = (f"cut it at pauses with pair.segments({str(audio)!r}) and describe each piece (or "
-                    "describe_many(files, segment=True))") if self._api else None
+            hint = self.too_long_hint or ((f"cut it at pauses with pair.segments({str(audio)!r}) and describe each "
+                                           "piece (or describe_many(files, segment=True))") if self._api else None)
             samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data, hint)
             self._check_rate(str(audio), _file_rate(Path(audio), data))
             return str(audio), samples
@@ -239,14 +243,16 @@ class Pair:
 
     def describe(self, audio: Audio, rate: int | None = None, preset: str = "fluent",
                  on_block: Callable[[BlockEvent], None] | None = None, *, resolved: Settings | None = None,
-                 **settings: Any) -> Result:
+                 data: bytes | None = None, **settings: Any) -> Result:
         """Describe one clip: a file path, a waveform ([frames], [frames, channels] or [channels,
         frames]; floats at full scale 1.0, or integer PCM such as int16, scaled by its type's range) with
         its `rate`, or a segment of a long recording (a Piece from `segments`: its record names the
         recording and where the segment is). `on_block(event)` is called as each block is decided.
-        `resolved`: settings from `resolve()` (then `preset` and `settings` are not read)."""
+        `resolved`: settings from `resolve()` (then `preset` and `settings` are not read). `data`: the
+        file's bytes, received elsewhere (an upload); `audio` then only names the clip, in its record
+        and its messages, and is never opened."""
         run = resolved or self.resolve(preset, **settings)
-        name, samples = self.read(audio, rate)
+        name, samples = self.read(audio, rate, data)
         desc = self.describer.run(samples, run.cfg, on_block=on_block)
         return self._result(run, name, samples, desc, audio.segment if isinstance(audio, Piece) else None)
 
@@ -319,10 +325,12 @@ class Pair:
         sampled edge-only or cloud-only, a remote cloud)."""
         return rows_for(self.models, resolved.cfg, batch_size)
 
-    def stream(self, audio: Audio, rate: int | None = None, preset: str = "fluent", **settings: Any) -> Stream:
+    def stream(self, audio: Audio, rate: int | None = None, preset: str = "fluent", *, data: bytes | None = None,
+               **settings: Any) -> Stream:
         """`describe`, as an iterator over the blocks as they are decided; the Result is
-        `stream.result` once the iteration ends."""
-        return Stream(self, audio, rate, preset, settings)
+        `stream.result` once the iteration ends. `stream.close()` stops the decoding at its next
+        block (a caller that no longer wants it: a closed browser tab)."""
+        return Stream(self, audio, rate, preset, settings, data)
 
 
 def _fail(exc: Exception) -> np.ndarray:
@@ -339,20 +347,34 @@ def _file_rate(path: Path, data: bytes | None) -> int | None:
         return None
 
 
+class StreamClosed(Exception):
+    """Raised into a Stream's decoding by `close()`, to end it at the next block."""
+
+
 class Stream:
     """Iterates the BlockEvents of one description while it decodes (in a worker thread: the loop
-    reports blocks through a callback); errors are raised here, in the caller's thread."""
+    reports blocks through a callback); errors are raised here, in the caller's thread. `close()`
+    ends the decoding at its next block (the iteration then ends with no result)."""
 
     _DONE = object()
 
-    def __init__(self, pair: Pair, audio: Audio, rate: int | None, preset: str, settings: dict[str, Any]) -> None:
+    def __init__(self, pair: Pair, audio: Audio, rate: int | None, preset: str, settings: dict[str, Any],
+                 data: bytes | None = None) -> None:
         self.result: Result | None = None
         self._queue: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
         pair.resolve(preset, **settings)  # a bad setting fails here, before any thread starts
+
+        def on_block(event: BlockEvent) -> None:
+            if self._closed.is_set():
+                raise StreamClosed  # the decoding loop stops here; work() below ends quietly
+            self._queue.put(event)
 
         def work() -> None:
             try:
-                self.result = pair.describe(audio, rate, preset, on_block=self._queue.put, **settings)
+                self.result = pair.describe(audio, rate, preset, on_block=on_block, data=data, **settings)
+                self._queue.put(self._DONE)
+            except StreamClosed:
                 self._queue.put(self._DONE)
             except BaseException as exc:  # handed to the consumer's thread
                 self._queue.put(exc)
@@ -370,6 +392,12 @@ class Stream:
                 self._thread.join()
                 raise item
             yield item
+
+    def close(self, wait: float | None = None) -> None:
+        """Stop the decoding at its next block; with `wait`, wait up to that many seconds for it to end."""
+        self._closed.set()
+        if wait is not None:
+            self._thread.join(wait)
 
 
 class BatchWorker:

@@ -146,4 +146,4 @@ def test_make_demo_installs_what_describing_needs_and_no_dev_tool():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     base = makefile.split("$(VENV)/.installed: pyproject.toml", 1)[1].split("\n\n", 1)[0]
     assert "$(PIP_EDITABLE) .\n" in base and ".[" not in base  # the package alone, no extra
-    assert re.search(r"^demo: install$", makefile, re.M) and re.search(r"^test: dev speech$", makefile, re.M)
+    assert re.search(r"^demo: install$", makefile, re.M) and re.search(r"^test: dev speech browser$", makefile, re.M)

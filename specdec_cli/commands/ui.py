@@ -6,7 +6,6 @@ BlockEvents, plus the tokenizer to turn ids into text: ids become text here, nev
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,24 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from ..blocks import (  # noqa: F401  (re-exported: the views' names, as tests and plots use them)
+    ACCEPTED,
+    DISCARDED,
+    MARKS,
+    REJECTED,
+    UNIT,
+    UNVERIFIED,
+    WHY,
+    format_threshold,
+    gate_of,
+    gate_rule,
+    gate_text,
+    level,
+    token_budget,
+    token_text,
+    verdicts,
+    where_it_went,
+)
 from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
@@ -39,89 +56,22 @@ from ..presets import EXTRA_KEYS, GATE_KEYS, PRESET_KEYS, Preset
 # which `specdec --help` must not load (tests/test_fast_imports.py).
 from ..prompt import INSTRUCTION as DEFAULT_INSTRUCTION
 
-ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
-UNIT = "nats"
-_UNCERTAINTY_LABEL = {"sum": "ΣH", "max": "max H", "mean": "mean H"}
-# The meaning gate's block score (decoding/gate.py): the edge's probability mass on alternatives that
-# would change what the sentence says, aggregated like the entropies.
-_MEANING_LABEL = {"sum": "Σm", "max": "max m", "mean": "mean m"}
-_WHY = {"entropy": "uncertain", "meaning": "unsure of the meaning", "loop": "loop detected", "always": "verify=always"}
-
-
-def gate_of(event: BlockEvent, cfg: DecodingConfig) -> tuple[str, float, float]:
-    """(label, score, limit) of the gate that read the block: the meaning gate's score against
-    gate_upload or gate_verify, else the entropy gate's uncertainty against the threshold."""
-    if event.gate == "meaning" and event.score is not None and event.limit is not None:
-        return _MEANING_LABEL[cfg.uncertainty], event.score, event.limit
-    return _UNCERTAINTY_LABEL[cfg.uncertainty], event.uncertainty, cfg.threshold
-
-
-def gate_rule(cfg: DecodingConfig, short: bool = False) -> str:
-    """The escalation rule in words, for the trace's header (and, `short`, the live view's subtitle)."""
-    entropy = f"{_UNCERTAINTY_LABEL[cfg.uncertainty]} > {format_threshold(cfg.threshold)}"
-    if cfg.verify != "meaning":
-        return entropy
-    m = _MEANING_LABEL[cfg.uncertainty]
-    if short:
-        return f"{m} > {format_threshold(cfg.gate_upload)} / {format_threshold(cfg.gate_verify)} (up / held)"
-    return (f"{m} > {format_threshold(cfg.gate_upload)} (clip not yet up) or {format_threshold(cfg.gate_verify)} "
-            f"(cloud holds it); {entropy} without a gate for this task")
-
-
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """One token as the user should see it: an end-of-turn token as a readable end mark (⟨end⟩), other
-    special tokens by their bare name (⟨audio_bos⟩), invisible characters made visible."""
-    text = tokenizer.decode([token_id], skip_special_tokens=False)
-    special = text.startswith("<|") and text.endswith("|>") and len(text) > 4
-    if special and token_id in set(getattr(tokenizer, "all_special_ids", ()) or ()) | _added_ids(tokenizer):
-        name = text[2:-2]
-        return "⟨end⟩" if name in ("im_end", "endoftext") else f"⟨{name}⟩"
-    return printable(text).replace("\\n", "⏎").replace(" ", "␣") or "∅"
-
-
-def _added_ids(tokenizer: Any) -> set[int]:
-    """Ids of the tokenizer's added tokens (Qwen's <|im_end|> is one, not always in all_special_ids)."""
-    try:
-        return set(tokenizer.get_added_vocab().values())
-    except Exception:  # a tokenizer without added tokens
-        return set()
-
-
-def format_threshold(threshold: float) -> str:
-    return "∞" if math.isinf(threshold) else f"{threshold:g}"
+# The words of a block (its gate, its tokens' verdicts, tokens as text) are blocks.py's, shared with
+# the plot and the web page; this module gives them Rich's colours.
+_STYLE = {"over": "bold red", "near": "yellow", "under": "green"}
+_MARK_STYLE = {"accepted": "bold green", "rejected": "bold red", "discarded": "dim", "unverified": "dim"}
+_WHERE_STYLE = {"edge": "green", "cloud": "magenta", "fallback": "yellow"}
 
 
 def entropy_style(entropy: float, budget: float) -> str:
     """Colour of one token's entropy against its share of the threshold: green well under it,
     yellow approaching it, red over it (the token that pushes the block to the cloud)."""
-    if entropy >= budget:
-        return "bold red"
-    return "yellow" if entropy >= budget / 2 else "green"
-
-
-def token_budget(cfg: DecodingConfig, block_len: int, limit: float | None = None) -> float:
-    """The per-token entropy (or meaning score, against `limit`) that would put the block at the
-    threshold. With `sum` the threshold is shared by the block's tokens; with `max` and `mean` it
-    applies to each token as is."""
-    limit = cfg.threshold if limit is None else limit
-    if cfg.uncertainty == "sum" and block_len:
-        return limit / block_len
-    return limit
+    return _STYLE[level(entropy, budget)]
 
 
 def marks(event: BlockEvent) -> list[tuple[str, str]]:
     """(mark, style) per draft token: kept unverified, accepted, the first rejected, discarded."""
-    if not event.escalated or event.fallback is not None:  # the cloud failed it: kept unverified
-        return [(UNVERIFIED, "dim")] * len(event.draft)
-    out = []
-    for i in range(len(event.draft)):
-        if i < event.accepted:
-            out.append((ACCEPTED, "bold green"))
-        elif i == event.accepted:
-            out.append((REJECTED, "bold red"))
-        else:
-            out.append((DISCARDED, "dim"))
-    return out
+    return [(MARKS[kind], _MARK_STYLE[kind]) for kind in verdicts(event)]
 
 
 @dataclass(frozen=True)
@@ -219,15 +169,13 @@ class LiveView:
         return FoldedTable(rows)
 
     def _block_line(self, event: BlockEvent) -> Text:
-        label, score, limit = gate_of(event, self.cfg)
-        over = score > limit
-        line = Text(f"block {event.index + 1}: {label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}  ")
+        line = Text(f"block {event.index + 1}: {gate_text(event, self.cfg)[0]}  ")
         if not event.escalated:
             line.append("kept on the edge", style="green")
         elif event.fallback is not None:
             line.append(f"→ cloud failed ({event.fallback}): kept on the edge", style="yellow")
         else:
-            why = _WHY.get(event.reason, event.reason)
+            why = WHY.get(event.reason, event.reason)
             line.append(f"→ cloud ({why}): {event.accepted}/{len(event.draft)} accepted", style="magenta")
         return line
 
@@ -288,23 +236,19 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
     block's tokens that do not fit go on lines of their own under its first token, after a `│`, so
     the block wraps as a unit and a token and its entropy are never split (a terminal folding a
     190-column line cut them anywhere)."""
-    gates, verdicts = [], []
+    gates, wheres = [], []
     for e in events:
-        label, score, limit = gate_of(e, cfg)
-        over = score > limit
-        gates.append((f"{label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}", "red" if over else "green"))
-        if e.fallback is not None:
-            verdicts.append((f"→ cloud failed ({e.fallback}), edge", "yellow"))
-        else:
-            verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
-                            else ("kept on the edge", "green"))
+        gate, over = gate_text(e, cfg)
+        gates.append((gate, "red" if over else "green"))
+        kind, words = where_it_went(e)
+        wheres.append((words, _WHERE_STYLE[kind]))
     width_g = max((len(g) for g, _ in gates), default=0)
-    width_v = max((len(v) for v, _ in verdicts), default=0)
+    width_v = max((len(v) for v, _ in wheres), default=0)
     scores = f"entropy ({UNIT})" + (" / meaning score" if any(e.meaning is not None for e in events) else "")
     out = [Text(f"trace · escalate when {gate_rule(cfg)} · k {cfg.k} · verify {cfg.verify} · "
                 f"draft tokens: {scores} and {ACCEPTED} accepted {REJECTED} rejected {DISCARDED} discarded "
                 f"{UNVERIFIED} unverified", style="bold")]
-    for e, (gate, g_style), (verdict, v_style) in zip(events, gates, verdicts, strict=True):
+    for e, (gate, g_style), (verdict, v_style) in zip(events, gates, wheres, strict=True):
         line = Text(f"{e.index + 1:>3}  ", style="dim")
         line.append(gate.ljust(width_g), style=g_style).append("  ")
         line.append(verdict.ljust(width_v), style=v_style).append("  │ ", style="dim")
