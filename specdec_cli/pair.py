@@ -31,6 +31,7 @@ from .models import ModelPair, load_pair, one_thread_if_tiny, pin_threads
 from .records import clip_record, error_record
 from .segments import Piece, Recording, Segment, open_recording
 from .settings import PairSpec, Settings, explicit
+from .speech import check_speech
 
 if TYPE_CHECKING:
     import numpy as np
@@ -185,7 +186,8 @@ class Pair:
         """A clip's name and its samples as the models hear them: a file (its `data` when read
         elsewhere), a waveform (audio.prepare_waveform: [frames], [frames, channels] or [channels,
         frames]; floats, or integer PCM scaled by its type's range) at `rate`, or a segment of a
-        long recording (a Piece from `segments`). Warns (LowSampleRate) when the clip is below the
+        long recording (a Piece from `segments`, whose speech `segments` checked). A clip with too
+        little speech to describe a speaker is refused (speech.NoSpeech, an InputError). Warns (LowSampleRate) when the clip is below the
         models' rate."""
         p = self.models.processor
         if isinstance(audio, Piece):
@@ -198,11 +200,13 @@ class Pair:
                     "describe_many(files, segment=True))") if self._api else None
             samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data, hint)
             self._check_rate(str(audio), _file_rate(Path(audio), data))
+            check_speech(samples, p.sampling_rate, audio)
             return str(audio), samples
         if rate is None:
             raise ValueError("a waveform needs its sampling rate: describe(samples, rate=...)")
         samples = prepare_waveform(audio, rate, p.sampling_rate, p.max_seconds)
         self._check_rate("<waveform>", rate)
+        check_speech(samples, p.sampling_rate, "<waveform>")
         return "<waveform>", samples
 
     def _check_rate(self, name: str, rate: int | None) -> None:
