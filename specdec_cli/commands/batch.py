@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import RETRYABLE, InputError, SpecdecError, printable
+from ..errors import RETRYABLE, InputError, SpecdecError, error_kind, one_line, printable
 from . import ui
 from .app import Interrupted
 from .describe import cloud_down_note, load, spec_of
@@ -153,13 +153,27 @@ class _Summary:
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
          batch_size: int, err: Console, segment: bool = False) -> _Summary:
+    from contextlib import nullcontext
+
+    from ..pair import error_record_before_loading
     from ..results import pending, run_batch
 
     todo, skipped = pending(files, results, segment)
     summary = _Summary(skipped=skipped, segment=segment)
     if not todo:
         return summary
-    pair = load(spec, err) if ray_options is None else None  # a Ray driver loads no model
+    # Every clip read and checked (length, silence, scale, speech; a recording planned) before the
+    # models load, so a refusal costs no load and a folder of refusals loads none (issue 52). Not
+    # with Ray: the workers read the clips (from their own disks with --shared-path).
+    planned: dict = {}
+    refused: dict = {}
+    if ray_options is None:
+        from ..pair import check_before_loading
+
+        with err.status(f"checking {ui.clips(len(todo))}…") if err.is_terminal else nullcontext():
+            planned, refused = check_before_loading(todo, spec, segment)
+    checked = [f for f in todo if str(f) not in refused]
+    pair = load(spec, err) if ray_options is None and checked else None  # a Ray driver loads no model
     if pair is not None and run.cfg.mode != "edge":
         cloud_down_note(err, pair)
     # Progress counts clips; with --segment, recordings (how many segments each has is known only
@@ -205,12 +219,19 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
         if pair is not None:
             def describe_all(clips: list[Path]):
                 return ((path, result.record) for path, result in
-                        pair.describe_many(clips, run, batch_size, segment=segment, skip=results.skip))
-        else:
-            assert ray_options is not None
+                        pair.describe_many(clips, run, batch_size, segment=segment, skip=results.skip,
+                                           planned=planned))
+        elif ray_options is not None:
             describe_all = _ray_describe_all(ray_options, spec, run, batch_size, progress.console)
         try:
-            run_batch(files, results, None, None, on_done, describe_all=describe_all, segment=segment)
+            for path in todo:  # the refusals first, each its record, as a clip that failed is
+                if str(path) in refused:
+                    exc = refused[str(path)]
+                    record = error_record_before_loading(spec, run, path, one_line(exc), error_kind(exc))
+                    results.append(record)
+                    on_done(path, record)
+            if checked:
+                run_batch(checked, results, None, None, on_done, describe_all=describe_all, segment=segment)
         except KeyboardInterrupt:
             raise Interrupted(_kept(results, summary)) from None
     return summary

@@ -145,6 +145,18 @@ def describe(
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
+    # Every clip read and checked (length, silence, scale, speech; a recording planned) before the
+    # models load: a refusal costs no load (issue 52).
+    from ..pair import check_before_loading
+
+    planned, refused = check_before_loading([c for c in clips if c not in bad], spec, segment)
+    if len(clips) == 1 and refused:
+        raise refused[clips[0]]
+    for clip, exc in refused.items():
+        err.print(f"error: {_named(clip, one_line(exc))} (skipped)", markup=False, soft_wrap=True)
+        bad[clip], bad_kind[clip] = one_line(exc), error_kind(exc)
+    if len(bad) == len(clips):
+        raise InputError(f"none of the {len(clips)} clips can be described (each said why above)")
     try:
         pair = load(spec, err, spinner=not json_out and not quiet)
     except KeyboardInterrupt:
@@ -182,7 +194,7 @@ def describe(
                 continue
             if segment:
                 try:
-                    recording = pair.recording(clip)
+                    recording = pair.recording(clip, planned=planned.get(clip))
                 except Exception as exc:
                     if len(clips) == 1:
                         raise  # one recording that cannot be read: the command's error
@@ -235,6 +247,11 @@ def describe(
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)
+
+
+def _named(clip: str, message: str) -> str:
+    """`message` naming `clip` (once: the library's messages mostly name it)."""
+    return message if clip in message else f"{clip}: {message}"
 
 
 def label_of(clip: str, where: Segment | None) -> str:
