@@ -235,6 +235,13 @@ class Pair:
         self._check_rate(recording.name, recording.rate)
         return recording
 
+    def on_cloud_wait(self, say: Callable[[str], None] | None) -> None:
+        """With a remote cloud: `say(line)` when it stops answering (or is full) and a clip waits out
+        the client's retry window (what for, how long), and when it answers again; None: nothing is
+        said. Without a remote cloud, nothing waits."""
+        if self.models.remote is not None:
+            self.models.remote.on_wait = say
+
     @property
     def max_seconds(self) -> float:
         """The longest clip the models take at once (their feature extractor's window)."""

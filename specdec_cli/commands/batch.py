@@ -183,6 +183,9 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
     left: dict[Path, int] = {}  # a recording -> its segments not yet ended (from its first record on)
     spoilt: set[Path] = set()   # recordings with a failed segment
     with ui.batch_progress(err, disable=not err.is_terminal) as progress:
+        if pair is not None:  # a cloud that stops answering: said while the clip waits, not after
+            pair.on_cloud_wait(lambda line: progress.console.print(f"warning: {line}", markup=False, style="yellow",
+                                                                   soft_wrap=True))
         task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing", total=len(todo))
 
         def on_done(path: Path, record: dict[str, Any]) -> None:

@@ -162,6 +162,7 @@ def describe(
     except KeyboardInterrupt:
         raise Interrupted(f"while the models loaded: none of the {ui.clips(len(clips))} was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
+    pair.on_cloud_wait(lambda line: err.print(f"warning: {line}", markup=False, style="yellow", soft_wrap=True))
     if run.cfg.mode != "edge":
         cloud_down_note(err, pair)
     views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
