@@ -82,7 +82,8 @@ class Pair:
     (its record's `fallback` says why and where), "fail" (the default here, as measurements need)
     makes the failure the clip's error; `cloud_deadline`: the cloud's budget in seconds for a whole
     clip (None: each request's own deadline only); `depth`: verifications a clip keeps in flight,
-    1..4 or "auto" (each block sent before the verdict it assumes; it changes no token)."""
+    1..4 or "auto" (each block sent before the verdict it assumes; it changes no token; None:
+    block_length.REMOTE_DEPTH), with a remote cloud only."""
 
     _api = False  # True when built by Pair(...) from Python; the command line's come from from_spec
 
@@ -90,7 +91,7 @@ class Pair:
                  dtype: str = "float32", presets: str | Path | None = None, *,
                  edge_device: str | None = None, cloud_device: str | None = None,
                  cloud_timeout: float | None = None, on_cloud_failure: str = "fail",
-                 cloud_deadline: float | None = None, depth: int | str = 1) -> None:
+                 cloud_deadline: float | None = None, depth: int | str | None = None) -> None:
         self._api = True  # built from Python: messages speak of its methods, not of the command line's options
         self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
                                cloud_device=cloud_device, cloud_timeout=cloud_timeout,

@@ -45,7 +45,11 @@ class OnOff(StrEnum):
     off = "off"
 
 
-_D, _P, _S, _M = "Decoding", "Prompt", "Sampling", "Models"
+# The help's panels (issue 52): what goes in, how it is decoded, the remote cloud, what comes out,
+# and which models on which devices. Prompt and sampling options are decoding options.
+_I, _D, _C, _O, _M = "Input", "Decoding", "Cloud", "Output", "Models"
+_P = _S = _D
+INPUT, OUTPUT, DECODING_PANEL = _I, _O, _D
 
 
 def _opt(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:
@@ -65,35 +69,31 @@ class Models:
     cloud_device: str | None = None
     dtype: str = "float32"
     cloud_timeout: float | None = None  # --cloud-timeout (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
-    upload: str = "lazy"  # --upload: when a clip goes up to a --cloud URL (remote/client.py UPLOADS)
-    depth: str = "1"  # --depth: verifications a clip keeps in flight, 1..4 or auto (block_length.py)
+    upload: str | None = None  # --upload: when a clip goes up to a --cloud URL (None: not given, lazy)
+    depth: str | None = None  # --depth: verifications a clip keeps in flight, 1..4 or auto (None: not given)
 
 
 MODELS_PARAMS = {
     "edge": (Annotated[str | None, _opt(help="Edge model: folder or Hub id (default: bundled demo edge).",
                                         panel=_M)], None),
     "cloud": (Annotated[str | None, _opt(help="Cloud model: folder or Hub id, or http://HOST:PORT of a "
-                                         "`specdec serve` (default: bundled demo cloud).", panel=_M)], None),
+                                         "`specdec serve` (default: bundled demo cloud).", panel=_C)], None),
     "device": (Annotated[str, _opt(help="Torch device for both models.", panel=_M, show_default=True)], "cpu"),
     "edge_device": (Annotated[str | None, _opt(help="Torch device for the edge model (default: --device).",
                                                panel=_M)], None),
-    "cloud_device": (Annotated[str | None, _opt(
-        help="Torch device for the cloud model (default: --device), e.g. --edge-device cpu --cloud-device cuda:0.",
-        panel=_M)], None),
+    "cloud_device": (Annotated[str | None, _opt(help="Torch device for the cloud model (default: --device).",
+                                                panel=_M)], None),
     "dtype": (Annotated[str, _opt(help="float32, bfloat16, float16 or auto.", panel=_M, show_default=True)],
               "float32"),
     "cloud_timeout": (Annotated[float | None, _opt(
-        "--cloud-timeout", metavar="SECONDS", help="With --cloud http://…: the most one request to the server may "
-        "take in all, connect to last byte (default: $SPECDEC_CLOUD_TIMEOUT, else 60).", panel=_M)], None),
-    "upload": (Annotated[str, _opt(
-        "--upload", metavar="eager|lazy|auto", help="With --cloud http://…: when a clip goes up. lazy: at its first "
-        "escalation (a clip the edge keeps never leaves the device); eager: at its start, the server prefilling "
-        "while the edge drafts; auto: eager when this run's clips so far show it pays (docs/pipelining.md).",
-        panel=_M, show_default=True)], "lazy"),
-    "depth": (Annotated[str, _opt(
-        "--depth", metavar="1-4|auto", help="With --cloud http://…: verifications a clip keeps in flight, each "
-        "block sent before the verdict it assumes (changes no token). auto: per clip from the round trip, the "
-        "edge's speed, k and the recent acceptance (docs/pipelining.md).", panel=_M, show_default=True)], "1"),
+        "--cloud-timeout", metavar="SECONDS", help="The most one request may take, connect to last byte (default: "
+        "$SPECDEC_CLOUD_TIMEOUT, else 60).", panel=_C)], None),
+    "upload": (Annotated[str | None, _opt(
+        "--upload", metavar="eager|lazy|auto", help="When a clip goes up: lazy (default) at its first escalation, "
+        "eager at its start, auto as this run's clips show it pays (docs/pipelining.md).", panel=_C)], None),
+    "depth": (Annotated[str | None, _opt(
+        "--depth", metavar="1-4|auto", help="Verifications a clip keeps in flight (default 1; changes no token); "
+        "auto: per clip, from the link (docs/pipelining.md).", panel=_C)], None),
 }
 
 # -- generation: length, prompt and sampling, for every command that decodes --------------------------
