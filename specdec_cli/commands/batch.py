@@ -17,7 +17,10 @@ from .describe import cloud_down_note, load, spec_of
 from .options import (
     BATCH_DEADLINE_S,
     DECODING,
+    DECODING_PANEL,
+    INPUT,
     MODELS,
+    OUTPUT,
     BatchDeadlineOpt,
     Decoding,
     Models,
@@ -37,8 +40,8 @@ if TYPE_CHECKING:
 # Measured on the bundled pair, 2 CPU cores (docs/benchmarks.md, "Many clips at once").
 DEFAULT_BATCH_SIZE = 8
 BatchSizeOpt = Annotated[int, typer.Option(
-    "--batch-size", min=1, help="Clips decoded together, one forward per model for all (in this process; a remote "
-    "cloud and sampled edge/cloud modes go one at a time). Records are written as each clip ends.")]
+    "--batch-size", min=1, help="Clips decoded together (in this process; a remote cloud and sampled edge/cloud "
+    "modes go one at a time).", rich_help_panel=DECODING_PANEL)]
 
 _R = "Ray (many processes or machines)"
 RayOpt = Annotated[str | None, typer.Option(
@@ -63,12 +66,14 @@ def batch(
     # readable=False: Typer's own check would refuse an unreadable file with a usage box; ResultsFile
     # says it in one line (and checks more: the folder, the lock).
     out: Annotated[Path, typer.Option(help="Results, one JSON line per file (appended as each finishes); "
-                                      "- writes them to stdout.", show_default=False, readable=False)],
-    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.")] = False,
-    hidden: Annotated[bool, typer.Option("--hidden", help="Include dotfiles and dot-folders (._x.wav, .cache/).")
-                      ] = False,
+                                      "- writes them to stdout.", show_default=False, readable=False,
+                                      rich_help_panel=OUTPUT)],
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.",
+                                            rich_help_panel=INPUT)] = False,
+    hidden: Annotated[bool, typer.Option("--hidden", help="Include dotfiles and dot-folders (._x.wav, .cache/).",
+                                         rich_help_panel=INPUT)] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out "
-                                            "(the old file is kept as OUT.bak).")] = False,
+                                            "(the old file is kept as OUT.bak).", rich_help_panel=OUTPUT)] = False,
     ray: RayOpt = None,
     workers: WorkersOpt = None,
     gpus_per_worker: GpusOpt = 0.0,
@@ -78,8 +83,8 @@ def batch(
     on_cloud_failure: OnCloudFailureOpt = OnCloudFailure.edge,
     deadline_s: BatchDeadlineOpt = None,
     retry_fallback: Annotated[bool, typer.Option(
-        "--retry-fallback", help="Resuming: describe again, with the cloud, the clips the edge finished alone "
-        "because the cloud failed (records whose fallback is set); without it they count as done.")] = False,
+        "--retry-fallback", help="Resuming: describe again the clips the edge finished alone because the cloud "
+        "failed (else they count as done).", rich_help_panel=OUTPUT)] = False,
     *, decoding: Decoding, models: Models,
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
