@@ -188,8 +188,8 @@ class Pair:
         elsewhere), a waveform (audio.prepare_waveform: [frames], [frames, channels] or [channels,
         frames]; floats, or integer PCM scaled by its type's range) at `rate`, or a segment of a
         long recording (a Piece from `segments`, whose speech `segments` checked). A clip with too
-        little speech to describe a speaker is refused (speech.NoSpeech, an InputError). Warns (LowSampleRate) when the clip is below the
-        models' rate."""
+        little speech to describe a speaker is refused (speech.NoSpeech, an InputError). Warns
+        (LowSampleRate) when the clip is below the models' rate."""
         p = self.models.processor
         if isinstance(audio, Piece):
             return audio.file, audio.samples

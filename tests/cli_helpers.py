@@ -31,9 +31,9 @@ _SPEECH = ("f_fast_low.wav", "f_mid_mid_loud.wav", "m_mid_high.wav")
 
 @functools.cache
 def _speech(sr: int) -> np.ndarray:
-    import soxr
-
     import wave
+
+    import soxr
 
     parts = []
     for name in _SPEECH:
