@@ -18,7 +18,7 @@ import functools
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -31,6 +31,7 @@ from .models import ModelPair, load_pair, one_thread_if_tiny, pin_threads
 from .records import clip_record, error_record
 from .segments import Piece, Recording, Segment, open_recording
 from .settings import PairSpec, Settings, explicit
+from .speech import check_speech
 
 if TYPE_CHECKING:
     import numpy as np
@@ -81,7 +82,8 @@ class Pair:
     (its record's `fallback` says why and where), "fail" (the default here, as measurements need)
     makes the failure the clip's error; `cloud_deadline`: the cloud's budget in seconds for a whole
     clip (None: each request's own deadline only); `depth`: verifications a clip keeps in flight,
-    1..4 or "auto" (each block sent before the verdict it assumes; it changes no token)."""
+    1..4 or "auto" (each block sent before the verdict it assumes; it changes no token; None:
+    block_length.REMOTE_DEPTH), with a remote cloud only."""
 
     _api = False  # True when built by Pair(...) from Python; the command line's come from from_spec
     # What a message about a file over the models' window tells its reader to do, where the caller
@@ -93,7 +95,7 @@ class Pair:
                  dtype: str = "float32", presets: str | Path | None = None, *,
                  edge_device: str | None = None, cloud_device: str | None = None,
                  cloud_timeout: float | None = None, on_cloud_failure: str = "fail",
-                 cloud_deadline: float | None = None, depth: int | str = 1) -> None:
+                 cloud_deadline: float | None = None, depth: int | str | None = None) -> None:
         self._api = True  # built from Python: messages speak of its methods, not of the command line's options
         self._load(PairSpec.of(edge, cloud, device, dtype, presets, edge_device=edge_device,
                                cloud_device=cloud_device, cloud_timeout=cloud_timeout,
@@ -189,8 +191,9 @@ class Pair:
         """A clip's name and its samples as the models hear them: a file (its `data` when read
         elsewhere), a waveform (audio.prepare_waveform: [frames], [frames, channels] or [channels,
         frames]; floats, or integer PCM scaled by its type's range) at `rate`, or a segment of a
-        long recording (a Piece from `segments`). Warns (LowSampleRate) when the clip is below the
-        models' rate."""
+        long recording (a Piece from `segments`, whose speech `segments` checked). A clip with too
+        little speech to describe a speaker is refused (speech.NoSpeech, an InputError). Warns
+        (LowSampleRate) when the clip is below the models' rate."""
         p = self.models.processor
         if isinstance(audio, Piece):
             return audio.file, audio.samples
@@ -201,11 +204,13 @@ class Pair:
             hint = self.too_long_hint or ((f"cut it at pauses with pair.segments({str(audio)!r}) and describe each "
                                            "piece (or describe_many(files, segment=True))") if self._api else None)
             samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data, hint)
+            check_speech(samples, p.sampling_rate, audio)
             self._check_rate(str(audio), _file_rate(Path(audio), data))
             return str(audio), samples
         if rate is None:
             raise ValueError("a waveform needs its sampling rate: describe(samples, rate=...)")
         samples = prepare_waveform(audio, rate, p.sampling_rate, p.max_seconds)
+        check_speech(samples, p.sampling_rate, "<waveform>")
         self._check_rate("<waveform>", rate)
         return "<waveform>", samples
 
@@ -225,14 +230,22 @@ class Pair:
         return self.recording(audio, rate, data=data).pieces(skip)
 
     def recording(self, audio: str | Path | np.ndarray, rate: int | None = None, *,
-                  data: bytes | None = None) -> Recording:
-        """The recording planned: its `segments` (index, count, start_s, end_s), and `read(segment)`."""
+                  data: bytes | None = None, planned: Recording | None = None) -> Recording:
+        """The recording planned: its `segments` (index, count, start_s, end_s), and `read(segment)`;
+        `planned`: the same recording planned already (check_before_loading), not read again."""
         p = self.models.processor
         if isinstance(audio, (str, Path)) and rate is not None:
             raise ValueError("rate is for waveforms; a file says its own rate")
-        recording = open_recording(audio, p.sampling_rate, p.max_seconds, rate=rate, data=data)
+        recording = planned or open_recording(audio, p.sampling_rate, p.max_seconds, rate=rate, data=data)
         self._check_rate(recording.name, recording.rate)
         return recording
+
+    def on_cloud_wait(self, say: Callable[[str], None] | None) -> None:
+        """With a remote cloud: `say(line)` when it stops answering (or is full) and a clip waits out
+        the client's retry window (what for, how long), and when it answers again; None: nothing is
+        said. Without a remote cloud, nothing waits."""
+        if self.models.remote is not None:
+            self.models.remote.on_wait = say
 
     @property
     def max_seconds(self) -> float:
@@ -266,6 +279,7 @@ class Pair:
     def describe_many(self, clips: Iterable[str | Path], resolved: Settings | None = None, batch_size: int = 1,
                       read: Callable[[Path], bytes] | None = None, preset: str = "fluent", *,
                       segment: bool = False, skip: Callable[[Path], Container[int]] | None = None,
+                      planned: Mapping[str, Recording] | None = None,
                       **settings: Any) -> Iterator[tuple[Path, Result]]:
         """Describe clip files, `batch_size` decoded together where this run can batch; yields
         (clip, Result) as each ends, in any order, each clip once. A clip that fails does not stop
@@ -274,12 +288,14 @@ class Pair:
 
         `segment`: each file is a recording cut into segments (`segments`), and each segment is
         described as a clip (yielded once each, with the recording's path); `skip(path)`: the
-        indices of a recording's segments not to describe (a resumed batch's)."""
+        indices of a recording's segments not to describe (a resumed batch's); `planned`: recordings
+        planned already (check_before_loading), by path as given."""
         run = resolved or self.resolve(preset, **settings)
         paths = [Path(c) for c in clips]
         if segment:
             run = run.segmented()
-            for outcome in describe_many(self.describer, self._segment_clips(paths, read, skip), run.cfg, batch_size):
+            segments = self._segment_clips(paths, read, skip, planned or {})
+            for outcome in describe_many(self.describer, segments, run.cfg, batch_size):
                 path, piece = outcome.key
                 yield path, self._outcome(run, outcome, path, piece)
             return
@@ -291,12 +307,13 @@ class Pair:
             yield outcome.key, self._outcome(run, outcome, outcome.key)
 
     def _segment_clips(self, paths: list[Path], read: Callable[[Path], bytes] | None,
-                       skip: Callable[[Path], Container[int]] | None) -> Iterator:
+                       skip: Callable[[Path], Container[int]] | None, planned: Mapping[str, Recording]) -> Iterator:
         """describe_many's clips for a segmented run: per recording, its segments not skipped, each
         read as the engine reaches it; a recording that cannot be cut is one clip that fails."""
         for path in paths:
             try:
-                recording = self.recording(path, data=read(path) if read is not None else None)
+                recording = self.recording(path, data=read(path) if read is not None else None,
+                                           planned=planned.get(str(path)))
             except Exception as exc:  # its error record; the other recordings go on
                 yield (path, None), functools.partial(_fail, exc)
                 continue
@@ -331,6 +348,63 @@ class Pair:
         `stream.result` once the iteration ends. `stream.close()` stops the decoding at its next
         block (a caller that no longer wants it: a closed browser tab)."""
         return Stream(self, audio, rate, preset, settings, data)
+
+
+def check_before_loading(clips: Sequence[str | Path], spec: PairSpec, segment: bool = False
+                         ) -> tuple[dict[str, Recording], dict[str, Exception]]:
+    """Every check the clips pass that needs no model, made before the models load (issue 52): each
+    is read as it will be described (its length without `segment`, silence, NaN, its scale, its
+    speech) at the rate and window of the edge's feature extractor (read from its folder); with
+    `segment` each recording is planned (its cap, silence, speech). The recordings planned, to hand
+    to `describe_many` / `recording` (not read again), and each clip that failed with its error
+    (an InputError: error_kind "input" or "too_long"). Warnings (a low rate, a rescaled clip) are
+    left to the description, which says them once. Where the edge's window cannot be read without
+    loading it (a Hub id not in the cache), nothing is checked here: the clips are checked as read."""
+    from .errors import SpecdecError
+    from .models import audio_window
+
+    planned: dict[str, Recording] = {}
+    failed: dict[str, Exception] = {}
+    window = audio_window(spec.edge)
+    if window is None:
+        return planned, failed
+    rate, max_seconds = window
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for clip in clips:
+            try:
+                if segment:
+                    planned[str(clip)] = open_recording(clip, rate, max_seconds)
+                else:
+                    check_speech(load_audio(Path(clip), rate, max_seconds), rate, clip)
+            except SpecdecError as exc:
+                failed[str(clip)] = exc
+            except Exception as exc:  # a decoder's failure on a damaged body, whatever its type
+                from .errors import InputError
+
+                failed[str(clip)] = InputError(one_line(exc))
+    return planned, failed
+
+
+@dataclass(frozen=True)
+class _Named:
+    """What a record says of the models, before they load (records.error_record reads these)."""
+
+    edge_id: str
+    cloud_id: str
+
+
+def error_record_before_loading(spec: PairSpec, resolved: Settings, file: str | Path, message: str,
+                                kind: str = RETRYABLE) -> dict[str, Any]:
+    """The record of a clip refused before the models load: the record `Pair.error_record` would
+    give, its models named as the loaded pair names them (load_pair: the folders or Hub ids as
+    given, a remote cloud by the model its server reports)."""
+    from .models import with_demo
+
+    edge, cloud = with_demo(spec.edge, spec.cloud)
+    if spec.cloud_info is not None:
+        cloud = str(spec.cloud_info.get("model", cloud))
+    return error_record(_Named(edge, cloud), resolved, str(file), message, None, kind)  # type: ignore[arg-type]
 
 
 def _fail(exc: Exception) -> np.ndarray:

@@ -121,7 +121,7 @@ def test_importing_specdec_imports_no_command_line_library(tmp_path):
 def test_from_specdec_import_pair_beside_a_clone_named_specdec(tmp_path):
     """A folder holding a clone named `specdec` (no __init__.py at its top) made `specdec` a namespace
     package of that folder under setuptools' default editable install; the Makefile installs in
-    compat mode (a path entry), so the real package is found."""
+    a path entry (pyproject.toml's package-dir), so the real package is found."""
     clone = tmp_path / "specdec"
     (clone / "specdec_cli").mkdir(parents=True)
     (clone / "README.md").write_text("a clone of specdec\n")

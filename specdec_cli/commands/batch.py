@@ -10,14 +10,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import RETRYABLE, InputError, SpecdecError, printable
+from ..errors import RETRYABLE, InputError, SpecdecError, error_kind, one_line, printable
 from . import ui
 from .app import Interrupted
 from .describe import cloud_down_note, load, spec_of
 from .options import (
     BATCH_DEADLINE_S,
     DECODING,
+    DECODING_PANEL,
+    INPUT,
     MODELS,
+    OUTPUT,
     BatchDeadlineOpt,
     Decoding,
     Models,
@@ -37,8 +40,8 @@ if TYPE_CHECKING:
 # Measured on the bundled pair, 2 CPU cores (docs/benchmarks.md, "Many clips at once").
 DEFAULT_BATCH_SIZE = 8
 BatchSizeOpt = Annotated[int, typer.Option(
-    "--batch-size", min=1, help="Clips decoded together, one forward per model for all (in this process; a remote "
-    "cloud and sampled edge/cloud modes go one at a time). Records are written as each clip ends.")]
+    "--batch-size", min=1, help="Clips decoded together (in this process; a remote cloud and sampled edge/cloud "
+    "modes go one at a time).", rich_help_panel=DECODING_PANEL)]
 
 _R = "Ray (many processes or machines)"
 RayOpt = Annotated[str | None, typer.Option(
@@ -63,12 +66,14 @@ def batch(
     # readable=False: Typer's own check would refuse an unreadable file with a usage box; ResultsFile
     # says it in one line (and checks more: the folder, the lock).
     out: Annotated[Path, typer.Option(help="Results, one JSON line per file (appended as each finishes); "
-                                      "- writes them to stdout.", show_default=False, readable=False)],
-    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.")] = False,
-    hidden: Annotated[bool, typer.Option("--hidden", help="Include dotfiles and dot-folders (._x.wav, .cache/).")
-                      ] = False,
+                                      "- writes them to stdout.", show_default=False, readable=False,
+                                      rich_help_panel=OUTPUT)],
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Include subfolders.",
+                                            rich_help_panel=INPUT)] = False,
+    hidden: Annotated[bool, typer.Option("--hidden", help="Include dotfiles and dot-folders (._x.wav, .cache/).",
+                                         rich_help_panel=INPUT)] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Start over instead of resuming from --out "
-                                            "(the old file is kept as OUT.bak).")] = False,
+                                            "(the old file is kept as OUT.bak).", rich_help_panel=OUTPUT)] = False,
     ray: RayOpt = None,
     workers: WorkersOpt = None,
     gpus_per_worker: GpusOpt = 0.0,
@@ -78,8 +83,8 @@ def batch(
     on_cloud_failure: OnCloudFailureOpt = OnCloudFailure.edge,
     deadline_s: BatchDeadlineOpt = None,
     retry_fallback: Annotated[bool, typer.Option(
-        "--retry-fallback", help="Resuming: describe again, with the cloud, the clips the edge finished alone "
-        "because the cloud failed (records whose fallback is set); without it they count as done.")] = False,
+        "--retry-fallback", help="Resuming: describe again the clips the edge finished alone because the cloud "
+        "failed (else they count as done).", rich_help_panel=OUTPUT)] = False,
     *, decoding: Decoding, models: Models,
 ) -> None:
     """Describe every audio file in DIRECTORY into --out, one JSON line per file.
@@ -153,13 +158,27 @@ class _Summary:
 
 def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_options: RayOptions | None,
          batch_size: int, err: Console, segment: bool = False) -> _Summary:
+    from contextlib import nullcontext
+
+    from ..pair import error_record_before_loading
     from ..results import pending, run_batch
 
     todo, skipped = pending(files, results, segment)
     summary = _Summary(skipped=skipped, segment=segment)
     if not todo:
         return summary
-    pair = load(spec, err) if ray_options is None else None  # a Ray driver loads no model
+    # Every clip read and checked (length, silence, scale, speech; a recording planned) before the
+    # models load, so a refusal costs no load and a folder of refusals loads none (issue 52). Not
+    # with Ray: the workers read the clips (from their own disks with --shared-path).
+    planned: dict = {}
+    refused: dict = {}
+    if ray_options is None:
+        from ..pair import check_before_loading
+
+        with err.status(f"checking {ui.clips(len(todo))}…") if err.is_terminal else nullcontext():
+            planned, refused = check_before_loading(todo, spec, segment)
+    checked = [f for f in todo if str(f) not in refused]
+    pair = load(spec, err) if ray_options is None and checked else None  # a Ray driver loads no model
     if pair is not None and run.cfg.mode != "edge":
         cloud_down_note(err, pair)
     # Progress counts clips; with --segment, recordings (how many segments each has is known only
@@ -169,6 +188,9 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
     left: dict[Path, int] = {}  # a recording -> its segments not yet ended (from its first record on)
     spoilt: set[Path] = set()   # recordings with a failed segment
     with ui.batch_progress(err, disable=not err.is_terminal) as progress:
+        if pair is not None:  # a cloud that stops answering: said while the clip waits, not after
+            pair.on_cloud_wait(lambda line: progress.console.print(f"warning: {line}", markup=False, style="yellow",
+                                                                   soft_wrap=True))
         task = progress.add_task(f"describing ({skipped} already done)" if skipped else "describing", total=len(todo))
 
         def on_done(path: Path, record: dict[str, Any]) -> None:
@@ -205,12 +227,19 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
         if pair is not None:
             def describe_all(clips: list[Path]):
                 return ((path, result.record) for path, result in
-                        pair.describe_many(clips, run, batch_size, segment=segment, skip=results.skip))
-        else:
-            assert ray_options is not None
+                        pair.describe_many(clips, run, batch_size, segment=segment, skip=results.skip,
+                                           planned=planned))
+        elif ray_options is not None:
             describe_all = _ray_describe_all(ray_options, spec, run, batch_size, progress.console)
         try:
-            run_batch(files, results, None, None, on_done, describe_all=describe_all, segment=segment)
+            for path in todo:  # the refusals first, each its record, as a clip that failed is
+                if str(path) in refused:
+                    exc = refused[str(path)]
+                    record = error_record_before_loading(spec, run, path, one_line(exc), error_kind(exc))
+                    results.append(record)
+                    on_done(path, record)
+            if checked:
+                run_batch(checked, results, None, None, on_done, describe_all=describe_all, segment=segment)
         except KeyboardInterrupt:
             raise Interrupted(_kept(results, summary)) from None
     return summary

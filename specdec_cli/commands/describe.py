@@ -19,6 +19,7 @@ from .options import (
     DECODING,
     DESCRIBE_DEADLINE_S,
     MODELS,
+    OUTPUT,
     Decoding,
     DescribeDeadlineOpt,
     Models,
@@ -92,19 +93,20 @@ def load(spec: PairSpec, err: Any, spinner: bool = True) -> Pair:
 def describe(
     clips: Annotated[list[str], typer.Argument(help="Audio files (WAV, FLAC, OGG, MP3, …), at most 30 s each "
                                                "(longer with --segment).", metavar="CLIP...", show_default=False)],
-    json_out: Annotated[bool, typer.Option("--json", help="Print each clip's record as one JSON line on stdout "
-                                           "(no live view, trace or panel).")] = False,
-    no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Each clip's record as a JSON line on stdout (no live "
+                                           "view, trace or panel).", rich_help_panel=OUTPUT)] = False,
+    no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.",
+                                          rich_help_panel=OUTPUT)] = False,
     trace: Annotated[bool | None, typer.Option(
-        "--trace/--no-trace", help="Keep the decoding trace (one line per block) on stderr when decoding ends. "
-        "Default: on a terminal, without --json.", show_default=False)] = None,
+        "--trace/--no-trace", help="The decoding trace on stderr (default: on a terminal, without --json).",
+        show_default=False, rich_help_panel=OUTPUT)] = None,
     panel: Annotated[bool | None, typer.Option(
-        "--panel/--no-panel", help="Print each clip's summary box on stderr. Default: on a terminal, without --json "
-        "(a log or a pipe gets the sentences alone).", show_default=False)] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the sentences (and errors): no live view, "
-                                        "trace or panel.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
-                                              "to this PNG (one clip). Needs matplotlib.", show_default=False)] = None,
+        "--panel/--no-panel", help="Each clip's summary box on stderr (default: on a terminal, without --json).",
+        show_default=False, rich_help_panel=OUTPUT)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="The sentences (and errors) alone.",
+                                        rich_help_panel=OUTPUT)] = False,
+    plot: Annotated[Path | None, typer.Option(help="Draw one clip's decoding trace to this PNG (needs matplotlib).",
+                                              show_default=False, rich_help_panel=OUTPUT)] = None,
     segment: SegmentOpt = False,
     on_cloud_failure: OnCloudFailureOpt = OnCloudFailure.edge,
     deadline_s: DescribeDeadlineOpt = None,
@@ -112,9 +114,8 @@ def describe(
 ) -> None:
     """Describe the speaker in each CLIP: prints the sentence (or the record with --json).
 
-    The models load once for all the clips; with several, each sentence follows its file name. With
-    --segment, a long recording is described segment by segment, each sentence after the file name
-    and the segment's start and end (seconds)."""
+    The models load once, after every clip is checked; with several clips (or --segment), each
+    sentence follows its file name (and the segment's start and end, in seconds)."""
     from ..settings import explicit
 
     alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
@@ -145,11 +146,24 @@ def describe(
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
+    # Every clip read and checked (length, silence, scale, speech; a recording planned) before the
+    # models load: a refusal costs no load (issue 52).
+    from ..pair import check_before_loading
+
+    planned, refused = check_before_loading([c for c in clips if c not in bad], spec, segment)
+    if len(clips) == 1 and refused:
+        raise refused[clips[0]]
+    for clip, exc in refused.items():
+        err.print(f"error: {_named(clip, one_line(exc))} (skipped)", markup=False, soft_wrap=True)
+        bad[clip], bad_kind[clip] = one_line(exc), error_kind(exc)
+    if len(bad) == len(clips):
+        raise InputError(f"none of the {len(clips)} clips can be described (each said why above)")
     try:
         pair = load(spec, err, spinner=not json_out and not quiet)
     except KeyboardInterrupt:
         raise Interrupted(f"while the models loaded: none of the {ui.clips(len(clips))} was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
+    pair.on_cloud_wait(lambda line: err.print(f"warning: {line}", markup=False, style="yellow", soft_wrap=True))
     if run.cfg.mode != "edge":
         cloud_down_note(err, pair)
     views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
@@ -182,7 +196,7 @@ def describe(
                 continue
             if segment:
                 try:
-                    recording = pair.recording(clip)
+                    recording = pair.recording(clip, planned=planned.get(clip))
                 except Exception as exc:
                     if len(clips) == 1:
                         raise  # one recording that cannot be read: the command's error
@@ -235,6 +249,11 @@ def describe(
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)
+
+
+def _named(clip: str, message: str) -> str:
+    """`message` naming `clip` (once: the library's messages mostly name it)."""
+    return message if clip in message else f"{clip}: {message}"
 
 
 def label_of(clip: str, where: Segment | None) -> str:

@@ -394,15 +394,19 @@ class LinkTally:
     """What a batch sent to a remote cloud, from its records (`--cloud URL` runs only)."""
 
     def __init__(self) -> None:
-        self.clips = self.silent = self.up = self.down = self.trips = 0
+        self.clips = self.silent = self.unanswered = self.up = self.down = self.trips = 0
         self.wait_s = 0.0
         self.fell_back = 0
 
     def add(self, record: dict) -> None:
         if record.get("error") is not None or "uplink_bytes" not in record:
             return
+        # From what happened (issue 52): a clip went up when the cloud answered it; one whose every
+        # request failed (a dead cloud) tried, and is counted apart from one that never needed it.
         self.clips += 1
-        self.silent += record["uplink_bytes"] == 0
+        answered = record["downlink_bytes"] > 0
+        self.silent += not answered and record["round_trips"] == 0
+        self.unanswered += not answered and record["round_trips"] > 0
         self.up += record["uplink_bytes"]
         self.down += record["downlink_bytes"]
         self.trips += record["round_trips"]
@@ -411,11 +415,18 @@ class LinkTally:
 
     def line(self) -> str:
         # Said as CloudFreeTally says it: "0 of 9 clips sent nothing (0%)" read as a double negative.
-        kept = (f"every one of {clips(self.clips)} went up" if not self.silent else
-                f"{self.silent} of {clips(self.clips)} ({self.silent / self.clips:.0%}) never went up")
+        went = self.clips - self.silent - self.unanswered
+        if self.unanswered:
+            kept = f"{went} of {clips(self.clips)} went up, {self.unanswered} never reached the cloud"
+            kept += f", {self.silent} never needed it" if self.silent else ""
+        else:
+            kept = (f"every one of {clips(self.clips)} went up" if not self.silent else
+                    f"{self.silent} of {clips(self.clips)} ({self.silent / self.clips:.0%}) never went up")
         if self.fell_back:  # "every one went up" beside "30 finished on the edge" read as a contradiction
-            kept += f" ({self.fell_back} then finished on the edge alone)"
-        return (f"cloud link: {kept} · {_size(self.up)} up · {_size(self.down)} down · {self.trips} round trips · "
+            kept += (f" ({self.fell_back} then finished on the edge alone)" if not self.unanswered else
+                     f" ({self.fell_back} finished on the edge alone)")
+        sent = "up or tried" if self.unanswered else "up"  # a request that never got through is counted too
+        return (f"cloud link: {kept} · {_size(self.up)} {sent} · {_size(self.down)} down · {self.trips} round trips · "
                 f"{self.wait_s:.2f} s waiting on the cloud")
 
 
