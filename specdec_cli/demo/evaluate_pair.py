@@ -159,9 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", type=Path, default=CORPORA["v4"])
     ap.add_argument("--limit", type=int, default=None, help="evaluate only every n-th held-out clip up to N clips")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=("cloud", "edge"), default=None,
+                    help="evaluate one model (its greedy accuracy per set and channel) into --json, not the "
+                         "pair's REPORT.md (a before/after of one model costs half the time)")
+    ap.add_argument("--json", type=Path, default=None, help="with --only: where to write its figures")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.only:
+        only(args)
+        return
 
     edge, proc = load(args.models / "edge")
     cloud, proc_c = load(args.models / "cloud")
@@ -214,6 +221,31 @@ def main(argv: list[str] | None = None) -> None:
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.1%}"
+
+
+def only(args: argparse.Namespace) -> None:
+    """--only MODEL: one model's greedy accuracy on every held-out set and copy, as JSON."""
+    model, proc = load(args.models / args.only)
+    tok = proc.tokenizer
+    spans = AttributeSpans(tok)
+    names = [s for s in HELD_OUT if any(args.corpus.glob(f"{s}-*.json"))]
+    copies = [c for c in COPIES if all(any(args.corpus.glob(f"{n}{c}-*.json")) for n in names)]
+    out: dict = {"model": str(args.models / args.only), "corpus": str(args.corpus), "sets": {},
+                 "command": "python -m specdec_cli.demo.evaluate_pair --models " + str(args.models)
+                 + f" --corpus {args.corpus} --only {args.only}"}
+    for n in names:
+        for c in copies:
+            data = Corpus(f"{n}{c}", tok, spans, args.corpus)
+            n_clips = len(data)
+            pick = list(range(n_clips)) if not args.limit else list(range(0, n_clips, max(1, n_clips // args.limit)))[:args.limit]
+            acc, _ = greedy_accuracy(model, tok, data, pick)
+            out["sets"].setdefault(n, {})[COPIES[c] if c != "_noisy" else "noisy"] = acc
+            print(n, COPIES[c], round(acc["all"]["mean"], 4), flush=True)
+    text = json.dumps(out, ensure_ascii=False, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n", encoding="utf-8")
+    else:
+        print(text)
 
 
 def render_md(r: dict) -> str:
