@@ -50,6 +50,11 @@ MAX_PEAK = 1e5
 # the two, and past 16-bit's range, there is no scale to read them at: refused with the fix.
 OVER_SCALE = 2.0
 INT16_SCALED = 256.0
+# A lossy codec's decoder (MP3, Vorbis, Opus; anything PyAV decodes) reconstructs the waveform from
+# its spectrum and overshoots full scale by more than +6 dB on loud, clipped or noisy passages (a
+# VBR MP3 of full-scale noise decodes to 2.04): never a 16-bit-scale export, heard as it is up to
+# INT16_SCALED. Only PCM and float files (WAV, FLAC, AIFF...) get the OVER_SCALE cut.
+LOSSY_SUBTYPES = frozenset({"MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS"})
 INT16_FULL = 32768.0
 
 
@@ -285,7 +290,12 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
         raise TooLong(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
                          f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     _warn_if_short(path, data, info, samples.shape[0])
-    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path, too_long_hint)
+    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path, too_long_hint, lossy=_lossy(info))
+
+
+def _lossy(info) -> bool:
+    """Whether the clip was decoded from a lossy codec (see LOSSY_SUBTYPES)."""
+    return isinstance(info, AvInfo) or getattr(info, "subtype", "") in LOSSY_SUBTYPES
 
 
 class TruncatedClip(UserWarning):
@@ -493,9 +503,9 @@ def _mp3_pipe(path: Path, data: bytes | None):
 
 
 def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float, path: Path,
-             too_long_hint: str | None = None) -> np.ndarray:
+             too_long_hint: str | None = None, lossy: bool = False) -> np.ndarray:
     """`too_long_hint`: what to do with a clip over the window, in the caller's terms (None: the
-    command line's, segment_hint)."""
+    command line's, segment_hint). `lossy`: decoded from a lossy codec (see LOSSY_SUBTYPES)."""
     import numpy as np
 
     seconds = data.shape[0] / rate
@@ -508,7 +518,7 @@ def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float
                          f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     if not np.isfinite(data).all():
         raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
-    return _prepare(_at_full_scale(data, path), rate, sampling_rate, path)
+    return _prepare(_at_full_scale(data, path, lossy), rate, sampling_rate, path)
 
 
 def _over_scale(path: Path | str, peak: float) -> InputError:
@@ -516,15 +526,15 @@ def _over_scale(path: Path | str, peak: float) -> InputError:
                       "can read; re-export it as 16-bit PCM or as float at full scale 1.0")
 
 
-def _at_full_scale(data: np.ndarray, path: Path | str) -> np.ndarray:
-    """`data` at full scale 1.0: as it is up to OVER_SCALE; divided by 32768, with a note, when it was
-    written at 16-bit's scale; else refused (see OVER_SCALE)."""
+def _at_full_scale(data: np.ndarray, path: Path | str, lossy: bool = False) -> np.ndarray:
+    """`data` at full scale 1.0: as it is up to OVER_SCALE (INT16_SCALED when `lossy`); divided by
+    32768, with a note, when it was written at 16-bit's scale; else refused (see OVER_SCALE)."""
     import warnings
 
     import numpy as np
 
     peak = float(np.abs(data).max()) if data.size else 0.0
-    if peak <= OVER_SCALE or peak > MAX_PEAK:  # over MAX_PEAK: prepare_mono's own refusal
+    if peak <= (INT16_SCALED if lossy else OVER_SCALE) or peak > MAX_PEAK:  # over MAX_PEAK: prepare_mono's
         return data
     if not INT16_SCALED <= peak <= INT16_FULL:
         raise _over_scale(path, peak)
@@ -683,7 +693,7 @@ def mono_blocks(path: Path, data: bytes | None, info, cap_seconds: float = MAX_R
                     raise _over_cap(path, f"over {_hours(cap_seconds)} long", cap_seconds)
                 if not np.isfinite(block).all():
                     raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
-                _refuse_over_scale(block, path)
+                _refuse_over_scale(block, path, _lossy(info))
                 if not noted and channels_differ(block):
                     _note_channels(block, path)
                     noted = True
@@ -718,15 +728,16 @@ def _not_a_recording(path: Path | str, peak: float) -> InputError:
                       "not a recording; re-export the audio")
 
 
-def _refuse_over_scale(data: np.ndarray, path: Path | str) -> None:
+def _refuse_over_scale(data: np.ndarray, path: Path | str, lossy: bool = False) -> None:
     """A recording read in blocks (--segment) cannot be rescaled as a whole: samples over
-    OVER_SCALE are refused with the fix (a clip is rescaled instead: _at_full_scale)."""
+    OVER_SCALE (INT16_SCALED when `lossy`) are refused with the fix (a clip is rescaled instead:
+    _at_full_scale)."""
     import numpy as np
 
     peak = float(np.abs(data).max()) if data.size else 0.0
     if peak > MAX_PEAK:
         raise _not_a_recording(path, peak)
-    if peak > OVER_SCALE:
+    if peak > (INT16_SCALED if lossy else OVER_SCALE):
         raise _over_scale(path, peak)
 
 

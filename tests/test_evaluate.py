@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 import torch
 from cli_helpers import run_specdec
-from conftest import clip
+from conftest import clip, speech_clip
 from typer.testing import CliRunner
 
 from specdec_cli.commands.app import app
@@ -334,7 +334,7 @@ def tiny_pair(tmp_path_factory, edge, cloud, processor):
     clips.mkdir()
     lines = []
     for i in range(2):
-        sf.write(clips / f"c{i}.wav", clip(i, 1.0), 16000)
+        sf.write(clips / f"c{i}.wav", speech_clip(i, 1.0), 16000)
         lines.append(json.dumps({"file": f"c{i}.wav", "labels": LABELS}, ensure_ascii=False))
     (clips / "labels.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
@@ -435,7 +435,7 @@ def test_eval_with_attributes_left_out_says_how_many_and_fits_80_columns(tiny_pa
     clips.mkdir()
     partial = [LABELS, _without("volume"), {}]
     for i in range(len(partial)):
-        sf.write(clips / f"c{i}.wav", clip(i, 1.0), 16000)
+        sf.write(clips / f"c{i}.wav", speech_clip(i, 1.0), 16000)
     (clips / "labels.jsonl").write_text("".join(json.dumps({"file": f"c{i}.wav", "labels": lab}, ensure_ascii=False)
                                                 + "\n" for i, lab in enumerate(partial)), encoding="utf-8")
     args = ["eval", str(clips), "--edge", str(tiny_pair / "edge"), "--cloud", str(tiny_pair / "cloud"),

@@ -62,6 +62,23 @@ def test_a_little_over_full_scale_is_heard_as_it_is(tmp_path, speech):
         np.testing.assert_array_equal(load_audio(path, SR, MAX_S), hot.astype(np.float32))
 
 
+def test_a_lossy_decoders_overshoot_is_heard_as_it_is_where_a_float_wav_is_refused(tmp_path, speech):
+    """An MP3 decodes to what its spectrum says, up to 3.0 here: a codec's overshoot, never a
+    16-bit-scale export (the CI's VBR MP3 of noise decoded to 2.04 and was refused). The control:
+    the same samples as a float WAV are refused."""
+    hot = speech / np.abs(speech).max() * 3.0
+    mp3, wav = tmp_path / "hot.mp3", tmp_path / "hot.wav"
+    sf.write(str(mp3), hot, SR, format="MP3")
+    sf.write(str(wav), hot, SR, subtype="FLOAT")
+    decoded = sf.read(str(mp3), dtype="float32")[0]
+    assert np.abs(decoded).max() > 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RescaledClip)
+        np.testing.assert_array_equal(load_audio(mp3, SR, MAX_S), decoded)
+    with pytest.raises(InputError, match="far over full scale"):
+        load_audio(wav, SR, MAX_S)
+
+
 def test_the_api_reads_a_float32_array_at_16_bit_scale_as_the_cli_does(tiny_pair, speech):
     from specdec import Pair
 

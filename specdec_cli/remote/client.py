@@ -51,6 +51,7 @@ from . import answers, wire
 from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, retry_after
 
 TOKEN_ENV = "SPECDEC_TOKEN"
+WAIT_UNSAID_S = 2.0  # a retry window shorter than this is not said while it runs (see _wait_said)
 RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
 ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
 # Requests sent without waiting (a session's close): each bounded in time, and at most this many
@@ -439,7 +440,11 @@ class RemoteClient:
             time.sleep(wait)
 
     def _wait_said(self, deadline: float, why: str) -> None:
-        """Said once per outage: the cloud `why`, and how long requests keep trying."""
+        """Said once per outage: the cloud `why`, and how long requests keep trying. A window
+        shorter than WAIT_UNSAID_S goes unsaid: no longer than a slow answer, and the error that
+        ends it (or nothing, when the cloud answers) is all a user needs."""
+        if deadline - time.monotonic() < WAIT_UNSAID_S:
+            return
         with self._wait_lock:
             if self._waiting_since is not None:
                 return
