@@ -125,6 +125,8 @@ def batch(
         err.print(summary.link.line(), markup=False, soft_wrap=True)
     elif summary.cloud_free.clips:
         err.print(summary.cloud_free.line(), markup=False, soft_wrap=True)
+    if (line := summary.band.line()) is not None:
+        err.print(line, markup=False, style="yellow")
     if summary.fallback.fell_back:
         err.print(summary.fallback.line(), markup=False, style="yellow")
         if not to_stdout:
@@ -148,6 +150,7 @@ class _Summary:
         self.link = ui.LinkTally()
         self.cloud_free = ui.CloudFreeTally()
         self.fallback = ui.FallbackTally("segments" if segment else "clips")
+        self.band = ui.BandLimitedTally("segments" if segment else "clips")  # said once, at the end
         self.kinds: dict[str, int] = {}  # failed records by error_kind
 
 
@@ -175,6 +178,7 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
             summary.link.add(record)
             summary.cloud_free.add(record)
             summary.fallback.add(record)
+            summary.band.add(record)
             failed = record["error"] is not None
             where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
             note = summary.fallback.note(f"{printable(str(path))}{where}", record)
@@ -210,7 +214,8 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
             assert ray_options is not None
             describe_all = _ray_describe_all(ray_options, spec, run, batch_size, progress.console)
         try:
-            run_batch(files, results, None, None, on_done, describe_all=describe_all, segment=segment)
+            with ui.low_rate_counted(summary.band):  # a clip below the models' rate: said once, at the end
+                run_batch(files, results, None, None, on_done, describe_all=describe_all, segment=segment)
         except KeyboardInterrupt:
             raise Interrupted(_kept(results, summary)) from None
     return summary
