@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .audio import band_limited
 from .errors import RETRYABLE
 from .metrics import punct_density, repeat_rate
 
@@ -97,6 +98,8 @@ def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarra
     (`segment`), `file` is the recording and the record ends with where the segment is."""
     extra = _context(pair, settings)
     extra["audio_s"] = round(len(audio) / pair.processor.sampling_rate, 3)
+    # Nothing above 4 kHz (a telephone line, an 8 kHz recording): the models may mishear the voice
+    extra["band_limited"] = band_limited(audio, pair.processor.sampling_rate)
     if (pair.remote is not None or pair.cloud_down is not None) and desc.link is not None:
         # Counted at this end of the link: bytes up and down, round trips, time waiting (none when
         # the cloud was down from the start: cloud_url is then the address given).

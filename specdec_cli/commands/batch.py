@@ -130,6 +130,8 @@ def batch(
         err.print(summary.link.line(), markup=False, soft_wrap=True)
     elif summary.cloud_free.clips:
         err.print(summary.cloud_free.line(), markup=False, soft_wrap=True)
+    if (line := summary.band.line()) is not None:
+        err.print(line, markup=False, style="yellow")
     if summary.fallback.fell_back:
         err.print(summary.fallback.line(), markup=False, style="yellow")
         if not to_stdout:
@@ -153,6 +155,7 @@ class _Summary:
         self.link = ui.LinkTally()
         self.cloud_free = ui.CloudFreeTally()
         self.fallback = ui.FallbackTally("segments" if segment else "clips")
+        self.band = ui.BandLimitedTally("segments" if segment else "clips")  # said once, at the end
         self.kinds: dict[str, int] = {}  # failed records by error_kind
 
 
@@ -197,6 +200,7 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
             summary.link.add(record)
             summary.cloud_free.add(record)
             summary.fallback.add(record)
+            summary.band.add(record)
             failed = record["error"] is not None
             where = f" {record['start_s']:.2f}–{record['end_s']:.2f} s" if record.get("segment") is not None else ""
             note = summary.fallback.note(f"{printable(str(path))}{where}", record)
@@ -232,14 +236,15 @@ def _run(files: list[Path], results: Any, spec: PairSpec, run: Settings, ray_opt
         elif ray_options is not None:
             describe_all = _ray_describe_all(ray_options, spec, run, batch_size, progress.console)
         try:
-            for path in todo:  # the refusals first, each its record, as a clip that failed is
-                if str(path) in refused:
-                    exc = refused[str(path)]
-                    record = error_record_before_loading(spec, run, path, one_line(exc), error_kind(exc))
-                    results.append(record)
-                    on_done(path, record)
-            if checked:
-                run_batch(checked, results, None, None, on_done, describe_all=describe_all, segment=segment)
+            with ui.low_rate_counted(summary.band):  # a clip below the models' rate: said once, at the end
+                for path in todo:  # the refusals first, each its record, as a clip that failed is
+                    if str(path) in refused:
+                        exc = refused[str(path)]
+                        record = error_record_before_loading(spec, run, path, one_line(exc), error_kind(exc))
+                        results.append(record)
+                        on_done(path, record)
+                if checked:
+                    run_batch(checked, results, None, None, on_done, describe_all=describe_all, segment=segment)
         except KeyboardInterrupt:
             raise Interrupted(_kept(results, summary)) from None
     return summary

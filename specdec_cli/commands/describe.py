@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -173,6 +174,11 @@ def describe(
     failed = described = ok = 0
     # A cloud that fails mid-run: explained at the first clip it fails, counted after (batch does the same)
     fallbacks = ui.FallbackTally("segments" if segment else "clips")
+    # Band-limited clips, and with several clips the ones below the models' rate: said once, at the end
+    band = ui.BandLimitedTally("segments" if segment else "clips")
+    counting = ExitStack()
+    if len(clips) > 1:
+        counting.enter_context(ui.low_rate_counted(band))
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
         nonlocal failed
@@ -221,6 +227,7 @@ def describe(
                     failure(clip, exc, where)
                     continue
                 fallbacks.add(result.record)
+                band.add(result.record)
                 note = fallbacks.note(label_of(clip, where), result.record)
                 if note is not None and pair.models.cloud_down is None:  # a cloud down from the start: said once
                     err.print(note, markup=False, style="yellow")
@@ -244,6 +251,10 @@ def describe(
         what = "segments" if segment else "clips"
         raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
                           f"{len(clips) - clips.index(clip)} of {ui.clips(len(clips))} not finished, from {clip}") from None
+    finally:
+        counting.close()
+    if (line := band.line()) is not None:
+        err.print(line, markup=False, style="yellow")
     if fallbacks.fell_back and fallbacks.clips > 1 and pair.models.cloud_down is None:
         err.print(fallbacks.line(), markup=False, style="yellow")
     if failed:

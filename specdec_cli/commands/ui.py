@@ -7,7 +7,8 @@ BlockEvents, plus the tokenizer to turn ids into text: ids become text here, nev
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -534,6 +535,68 @@ class FallbackTally:
         unit = self.unit if self.clips != 1 else self.unit.removesuffix("s")
         them = "it" if self.fell_back == 1 else "them"
         return f"the cloud failed on {self.fell_back} of {self.clips} {unit} ({why}); the edge finished {them} alone"
+
+
+class BandLimitedTally:
+    """How many of a run's clips (or segments) are band-limited (records' `band_limited`: nearly
+    nothing above 4 kHz, as on a telephone line), and how many were recorded below the models' rate
+    (pair.LowSampleRate, counted by `low_rate_counted`), said once at the end of the run (`line`),
+    not once per clip."""
+
+    def __init__(self, unit: str = "clips") -> None:
+        self.unit = unit
+        self.clips = self.limited = self.low_rate = 0
+        self.first: str | None = None  # the first band-limited clip's file (a run of one names it)
+
+    def add(self, record: dict) -> None:
+        if record.get("error") is not None or "band_limited" not in record:
+            return
+        self.clips += 1
+        if record["band_limited"]:
+            self.limited += 1
+            self.first = self.first or record.get("file")
+
+    def line(self) -> str | None:
+        """The run's note, or None when no clip was band-limited or below the models' rate."""
+        if not self.limited and not self.low_rate:
+            return None
+        unit = self.unit if self.clips != 1 else self.unit.removesuffix("s")
+        upsampled = (f"{self.low_rate} {'was' if self.low_rate == 1 else 'were'} recorded below the models' rate "
+                     "and upsampled, which adds no detail")
+        if not self.limited:
+            return f"note: of {self.clips} {unit}, {upsampled}"
+        if self.clips == 1:
+            which, records = f"{printable(self.first or 'the clip')} is", "its record"
+        else:
+            which = f"{self.limited} of {self.clips} {unit} {'is' if self.limited == 1 else 'are'}"
+            records = "its record" if self.limited == 1 else "their records"
+        line = (f"note: {which} band-limited (nearly nothing above 4 kHz, as on a telephone line; band_limited: "
+                f"true in {records}): the models may mishear such voices (the demo pair takes most women on a "
+                "telephone line for men)")
+        return line + (f"; {upsampled}" if self.low_rate else "")
+
+
+@contextmanager
+def low_rate_counted(tally: BandLimitedTally) -> Iterator[None]:
+    """While a run of many clips decodes: the library's warning for a clip below the models' rate
+    (pair.LowSampleRate, one per clip) is counted into `tally`, not printed, so that the run says
+    it once at its end (BandLimitedTally.line). Other warnings print as before."""
+    import warnings
+
+    from ..pair import LowSampleRate
+
+    with warnings.catch_warnings():  # puts the filters and showwarning back after
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, LowSampleRate):
+                tally.low_rate += 1
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.simplefilter("always", LowSampleRate)  # each clip's, not the first of each message
+        warnings.showwarning = show
+        yield
 
 
 def _size(n: int) -> str:
