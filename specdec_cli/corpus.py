@@ -445,13 +445,18 @@ class RecordColumns:
                              "theirs (--column-prefix specdec_, or prefix= in Python)")
 
 
-def output_schema(input_schema: pa.Schema, columns: RecordColumns, stamp: dict[str, Any] | None = None) -> pa.Schema:
+def output_schema(input_schema: pa.Schema, columns: RecordColumns, stamp: dict[str, Any] | None = None,
+                  audio_column: str | None = None) -> pa.Schema:
     """The input's columns, then the record's, with Hugging Face features for both in the metadata
-    (so `datasets` reads the audio column back as Audio) and, from a `specdec batch` run, its stamp."""
+    (so `datasets` reads the audio column back as Audio, also where the input's metadata was lost on
+    the way, as Ray Data's blocks may lose it) and, from a `specdec batch` run, its stamp."""
     import datasets
     import pyarrow as pa
 
     features = datasets.Features.from_arrow_schema(input_schema)
+    if audio_column is not None and not isinstance(features.get(audio_column), datasets.Audio) \
+            and audio_column in audio_columns(input_schema.remove_metadata()):
+        features[audio_column] = datasets.Audio()
     features.update(datasets.Features.from_arrow_schema(columns.schema))
     metadata = dict(input_schema.metadata or {})
     metadata[b"huggingface"] = json.dumps({"info": {"features": features.to_dict()}}).encode()
@@ -533,7 +538,7 @@ class Captioner:
                                            else _audio_column("the batch", batch.schema, None))
             columns.check_clash(batch.schema.names, "the dataset")
             records = describe_cells(pair, resolved, batch.column(column).to_pylist(), self.batch_size, self.base)
-            schema = output_schema(batch.schema, columns)
+            schema = output_schema(batch.schema, columns, audio_column=column)
             return with_records(batch, records, columns, schema)
         if isinstance(batch, Mapping):
             column = self.audio_column or "audio"
@@ -801,7 +806,7 @@ class CorpusResults:
             raise SpecdecError(f"{missing} rows have no record yet; rerun to describe them")
         columns.check_clash(self.corpus.schema.names, str(self.corpus.path))
         stamp = dict(self.stamp, fields=columns.fields)
-        schema = output_schema(self.corpus.schema, columns, stamp)
+        schema = output_schema(self.corpus.schema, columns, stamp, self.corpus.audio_column)
         written: list[Path] = []
         writer, tmp, part, in_part = None, None, 0, 0
 

@@ -296,6 +296,10 @@ def test_the_columns_follow_the_records_fields(monkeypatch):
     monkeypatch.setattr(records, "clip_record", with_band)
     monkeypatch.setattr(pair_module, "clip_record", with_band)
     monkeypatch.setattr(corpus, "_LOADED", {})
+    loads = []
+    from_spec = pair_module.Pair.from_spec.__func__
+    monkeypatch.setattr(pair_module.Pair, "from_spec",
+                        classmethod(lambda cls, spec: loads.append(spec) or from_spec(cls, spec)))
     batch = dataset(bad=True).with_format("arrow")[:]
     captioner = corpus.Captioner(threads=1)
     out = captioner(batch)
@@ -307,6 +311,8 @@ def test_the_columns_follow_the_records_fields(monkeypatch):
     clash = batch.append_column("description", pa.array(["old"] * batch.num_rows))
     with pytest.raises(Exception, match="already has column description.*--column-prefix"):
         captioner(clash)
+    assert captioner(batch.slice(0, 1)).column("description")[0] == out.column("description")[0]
+    assert len(loads) == 1  # one pair for every batch this process is given
     prefixed = corpus.Captioner(threads=1, prefix="specdec_")(clash)
     assert prefixed.column("description").to_pylist() == ["old"] * 4
     assert prefixed.column("specdec_description").to_pylist()[:3] == out.column("description").to_pylist()[:3]

@@ -15,6 +15,7 @@ Unlike `specdec batch`, a Ray Data run does not resume: a run that fails is run 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -41,6 +42,9 @@ def map_parquet(options: RayOptions, source: str | list[str], destination: str, 
                 rows_per_batch: int = 64, preserve_order: bool = True, overwrite: bool = False) -> None:
     """`read_parquet(source)` -> `map_batches(udf)` on `options.workers` actors (Arrow batches of
     `rows_per_batch` rows) -> `write_parquet(destination)`, on the Ray `options` names."""
+    if "://" not in destination and Path(destination).exists() and not overwrite:
+        # Said at once: Ray Data would find it only once the first rows were described.
+        raise InputError(f"{destination} exists; give another destination, or overwrite=True to replace it")
     ray = require_ray()
     try:
         import ray.data
