@@ -830,7 +830,7 @@ class CorpusResults:
                     if writer is None:
                         target = self.out / _part_name(part) if self.folder else self.out
                         tmp = target.with_name(f".{target.name}.tmp")
-                        writer = pq.ParquetWriter(tmp, schema)
+                        writer = pq.ParquetWriter(tmp, schema, use_dictionary=_dictionary_columns(schema))
                         in_part = 0
                     take = full.num_rows - offset if not self.folder else min(full.num_rows - offset,
                                                                              ROWS_PER_PART - in_part)
@@ -843,7 +843,7 @@ class CorpusResults:
             if writer is None and not written:  # an input with no rows: an empty file of the same columns
                 target = self.out / _part_name(0) if self.folder else self.out
                 tmp = target.with_name(f".{target.name}.tmp")
-                writer = pq.ParquetWriter(tmp, schema)
+                writer = pq.ParquetWriter(tmp, schema, use_dictionary=_dictionary_columns(schema))
             close()
         finally:
             if writer is not None:  # stopped part-way: the temporary file goes, the journal stays
@@ -876,6 +876,20 @@ class CorpusResults:
 def _ok(line: str, retry_fallback: bool) -> bool:
     record = json.loads(line)["record"]
     return record.get("error") is None and not (retry_fallback and record.get("fallback") is not None)
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns worth dictionary-encoding: all but those holding bytes (the audio). Trying it on
+    a column of distinct clips only costs: pyarrow hashes each one until the dictionary outgrows its
+    page and then falls back to plain (measured: 6x the CPU time of the whole write)."""
+    import pyarrow as pa
+
+    def has_bytes(type_: pa.DataType) -> bool:
+        if pa.types.is_struct(type_):
+            return any(has_bytes(type_.field(i).type) for i in range(type_.num_fields))
+        return pa.types.is_binary(type_) or pa.types.is_large_binary(type_)
+
+    return [f.name for f in schema if not has_bytes(f.type)]
 
 
 def _part_name(index: int) -> str:

@@ -85,14 +85,22 @@ def check_rows(rows: list[dict], oracle: dict[str, dict], names: list[str]) -> N
         assert comparable({k: row[k] for k in fields}) == comparable(oracle[name]), name
 
 
-def test_parquet_in_parquet_out_equals_the_folder_batch(oracle, tmp_path):
-    source = tmp_path / "corpus.parquet"
+@pytest.fixture(scope="module")
+def parquet_run(tmp_path_factory):
+    """CLIPS and a bad row in a Parquet file (the bytes in the rows), through `specdec batch` once:
+    (the input, the output, what the command printed)."""
+    folder = tmp_path_factory.mktemp("parquet")
+    source, out = folder / "corpus.parquet", folder / "captions.parquet"
     dataset(bad=True).to_parquet(str(source))
+    result = invoke("batch", source, "--out", out)
+    return source, out, result
+
+
+def test_parquet_in_parquet_out_equals_the_folder_batch(oracle, parquet_run):
+    source, out, result = parquet_run
+    tmp_path = out.parent
     table = pq.read_table(source)
     assert table.column("audio")[0]["bytes"].as_py() == CLIPS[0].read_bytes()  # the bytes are in the rows
-    out = tmp_path / "captions.parquet"
-
-    result = invoke("batch", source, "--out", out)
     assert result.exit_code == 1, result.output  # the bad row failed; every other row was described
     assert "3 ok · 1 failed · 0 skipped" in result.output
     assert "failed: row 3 (bad.wav): cannot decode bad.wav as audio" in result.output
@@ -121,6 +129,26 @@ def test_parquet_in_parquet_out_equals_the_folder_batch(oracle, tmp_path):
     assert other.exit_code == 2
     assert "was made with other settings (made with mode spec" in other.output
     assert rows_of(out) == rows2  # untouched
+
+
+def test_the_ray_data_actor_on_blocks_without_metadata_writes_the_clis_rows(parquet_run):
+    """What each Ray Data actor runs (scale/ray_data.PoolActor holding a Captioner) on Arrow blocks as
+    read_parquet hands them over (here: row batches of the file, their schema metadata dropped), against
+    the single-process command's output: every column but the timings, the Audio feature kept.
+    (tests/test_corpus_ray.py runs the whole pipeline on a local Ray.)"""
+    from specdec_cli.corpus import Captioner
+    from specdec_cli.scale.ray_data import PoolActor
+
+    source, out, _ = parquet_run
+    actor = PoolActor(Captioner(threads=1))
+    blocks = [pa.Table.from_batches([b]).replace_schema_metadata(None)
+              for b in pq.ParquetFile(source).iter_batches(batch_size=2)]
+    got = pa.concat_tables([actor(block) for block in blocks])
+    expected = pq.read_table(out)
+    columns = [c for c in expected.column_names if c not in TIMING]
+    assert got.column_names == expected.column_names
+    assert got.select(columns).to_pylist() == expected.select(columns).to_pylist()
+    assert isinstance(datasets.Features.from_arrow_schema(got.schema)["audio"], datasets.Audio)
 
 
 def test_a_saved_dataset_dict_split_to_a_folder_and_overwrite(oracle, tmp_path):
