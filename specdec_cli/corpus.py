@@ -89,10 +89,10 @@ def _quiet_datasets() -> None:
 
 def output_kind(out: str | Path) -> str:
     """What --out names: "parquet" (NAME.parquet), "folder" (an existing folder, or a name ending
-    in /: part files), else "jsonl" (JSON Lines, as before; `-` is stdout)."""
+    in /: part files), else "jsonl" (JSON Lines, as before: NAME.jsonl whatever it is, `-` stdout)."""
     text = str(out)
-    if text == "-":
-        return "jsonl"
+    if text == "-" or text.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"  # whatever is there (a folder named r.jsonl is refused as a results file, as before)
     if text.endswith(".parquet"):
         return "parquet"
     if text.endswith(("/", os.sep)) or Path(text).is_dir():

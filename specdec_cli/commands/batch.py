@@ -73,8 +73,8 @@ def batch(
     directory: Annotated[Path, typer.Argument(
         help="Folder of audio files; or a dataset: a Dataset.save_to_disk folder, an audiofolder (with "
         "metadata.csv), a .parquet file or a folder of them.", show_default=False)],
-    # readable=False: Typer's own check would refuse an unreadable file with a usage box; ResultsFile
-    # says it in one line (and checks more: the folder, the lock).
+    # A string, not a Path: NAME/ (a folder of part files) must keep its slash. ResultsFile and
+    # corpus.CorpusResults check it (the folder, the lock) and say what is wrong in one line.
     out: Annotated[str, typer.Option(help="Results, one JSON line per file (appended as each finishes); "
                                      "- writes them to stdout. NAME.parquet, or a folder (NAME/): the "
                                      "dataset's rows with the record's fields as columns.", show_default=False)],
