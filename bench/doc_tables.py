@@ -1062,7 +1062,21 @@ def capacity_model(run: dict[str, Any]) -> list[str]:
     return rows
 
 
+def corpus(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "A corpus in Parquet": bench/corpus.py, the two routes on the same clips."""
+    names = {"wav_jsonl": "folder of WAV → JSON Lines", "parquet_parquet": "Parquet → Parquet"}
+    rows = ["| route | rows/s (wall) | rows per CPU-s | × (wall / CPU) | output MB | disk beyond the output, peak / after |",
+            "|---|---|---|---|---|---|"]
+    for key, r in run["routes"].items():
+        ratio = "1" if key == "wav_jsonl" else f"{run['ratio_wall']:.3f} / {run['ratio_cpu']:.3f}"
+        rows.append(f"| {names[key]} | {r['rows_per_s']:.3f} | {r['rows_per_cpu_s']:.3f} | {ratio} | "
+                    f"{r['output_bytes'] / 1e6:.1f} | {r['peak_extra_bytes'] / 1e3:.0f} kB / "
+                    f"{r['final_extra_bytes'] / 1e3:.0f} kB |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
+    "corpus": corpus,
     "capacity_model": capacity_model,
     "capacity_goal": capacity_goal,
     **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")

@@ -18,7 +18,7 @@ import functools
 import queue
 import threading
 import warnings
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -187,13 +187,15 @@ class Pair:
         """Token ids (a block's draft, an answer) as text."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def read(self, audio: Audio, rate: int | None = None, data: bytes | None = None) -> tuple[str, np.ndarray]:
+    def read(self, audio: Audio, rate: int | None = None, data: bytes | None = None, *,
+             too_long_hint: str | None = None) -> tuple[str, np.ndarray]:
         """A clip's name and its samples as the models hear them: a file (its `data` when read
         elsewhere), a waveform (audio.prepare_waveform: [frames], [frames, channels] or [channels,
         frames]; floats, or integer PCM scaled by its type's range) at `rate`, or a segment of a
         long recording (a Piece from `segments`, whose speech `segments` checked). A clip with too
         little speech to describe a speaker is refused (speech.NoSpeech, an InputError). Warns
-        (LowSampleRate) when the clip is below the models' rate."""
+        (LowSampleRate) when the clip is below the models' rate. `too_long_hint`: what a file over
+        the window should do instead, said in its error (default: the way to describe it in segments)."""
         p = self.models.processor
         if isinstance(audio, Piece):
             return audio.file, audio.samples
@@ -201,8 +203,9 @@ class Pair:
             if rate is not None:
                 raise ValueError("rate is for waveforms; a file says its own rate")
             # The Python API's terms for a file over the window: its caller has Pair.segments, not --segment.
-            hint = self.too_long_hint or ((f"cut it at pauses with pair.segments({str(audio)!r}) and describe each "
-                                           "piece (or describe_many(files, segment=True))") if self._api else None)
+            hint = too_long_hint or self.too_long_hint or (
+                (f"cut it at pauses with pair.segments({str(audio)!r}) and describe each piece (or "
+                 "describe_many(files, segment=True))") if self._api else None)
             samples = load_audio(Path(audio), p.sampling_rate, p.max_seconds, data, hint)
             check_speech(samples, p.sampling_rate, audio)
             self._check_rate(str(audio), _file_rate(Path(audio), data))
@@ -306,6 +309,23 @@ class Pair:
         for outcome in describe_many(self.describer, ((p, reader(p)) for p in paths), run.cfg, batch_size):
             yield outcome.key, self._outcome(run, outcome, outcome.key)
 
+    def describe_rows(self, rows: Iterable[tuple[Hashable, str, Callable[[], np.ndarray]]], resolved: Settings,
+                      batch_size: int = 1) -> Iterator[tuple[Hashable, Result]]:
+        """Describe clips that are not files of their own (a dataset's rows: corpus.py): `rows` gives
+        (key, name, read) for each, `read()` returning its samples at the models' rate (see `read`)
+        and `name` naming it in its record's `file` and in messages. Yields (key, Result) as each
+        ends, in any order, each key once, `batch_size` decoded together where this run can batch;
+        a row that fails to read or decode gets its error record, as in `describe_many`."""
+        names: dict[Hashable, str] = {}
+
+        def clips() -> Iterator[tuple[Hashable, Callable[[], np.ndarray]]]:
+            for key, name, read in rows:
+                names[key] = name
+                yield key, read
+
+        for outcome in describe_many(self.describer, clips(), resolved.cfg, batch_size):
+            yield outcome.key, self._outcome(resolved, outcome, names.pop(outcome.key))
+
     def _segment_clips(self, paths: list[Path], read: Callable[[Path], bytes] | None,
                        skip: Callable[[Path], Container[int]] | None, planned: Mapping[str, Recording]) -> Iterator:
         """describe_many's clips for a segmented run: per recording, its segments not skipped, each
@@ -325,7 +345,8 @@ class Pair:
             finally:
                 recording.close()
 
-    def _outcome(self, run: Settings, outcome: Outcome[Any], path: Path, segment: Segment | None = None) -> Result:
+    def _outcome(self, run: Settings, outcome: Outcome[Any], path: str | Path,
+                 segment: Segment | None = None) -> Result:
         if outcome.error is not None or outcome.description is None or outcome.audio is None:
             message = one_line(outcome.error or RuntimeError("no result"))
             return Result(error_record(self.models, run, str(path), message, segment, error_kind(outcome.error)))

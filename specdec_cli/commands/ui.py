@@ -19,6 +19,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -366,13 +367,26 @@ def summary_panel(record: dict[str, Any]) -> Panel:
     return Panel(grid, title=f"specdec · {record['file']}{where}", border_style="green")
 
 
-def batch_progress(console: Console, disable: bool = False) -> Progress:
-    """A progress bar with ETA. Disabled off a terminal, where a bar would only litter logs."""
+class RateColumn(ProgressColumn):
+    """How many `unit` a second the task goes at (Rich's own speed estimate, over its recent steps)."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Any) -> Text:
+        return Text(f"{task.speed:.2f} {self.unit}/s" if task.speed else f"– {self.unit}/s", style="cyan")
+
+
+def batch_progress(console: Console, disable: bool = False, rate_unit: str | None = None) -> Progress:
+    """A progress bar with ETA (and, given `rate_unit`, the rate: rows/s). Disabled off a terminal,
+    where a bar would only litter logs."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
+        *([RateColumn(rate_unit)] if rate_unit else []),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
@@ -700,7 +714,7 @@ class ProgressLines:
     per `every_s` seconds, each saying how far the run is and how long the rest may take."""
 
     def __init__(self, console: Console, total: int, skipped: int, every_s: float | None = None,
-                 unit: str = "clips", skipped_unit: str = "") -> None:
+                 unit: str = "clips", skipped_unit: str = "", rate: bool = False) -> None:
         import os
 
         if every_s is None:
@@ -711,6 +725,7 @@ class ProgressLines:
         self.console, self.total, self.skipped, self.every_s = console, total, skipped, every_s
         self.unit = unit  # what `total` counts; `skipped_unit`: what `skipped` counts, when not that
         self.skipped_unit = f"{skipped_unit} " if skipped_unit and skipped_unit != unit else ""
+        self.rate = rate  # say the rate too (rows/s)
         self.done = self.failed = 0
         self.start = time.monotonic()
         self.last: float | None = None
@@ -724,6 +739,7 @@ class ProgressLines:
         self.last = now
         elapsed = now - self.start
         left = elapsed / self.done * (self.total - self.done)
+        rate = f"{self.done / elapsed:.2f} {self.unit}/s, " if self.rate and elapsed > 0 else ""
         self.console.print(f"batch: {self.done}/{self.total} {self.unit} ({self.failed} failed"
                            f"{f', {self.skipped} {self.skipped_unit}already recorded' if self.skipped else ''}), "
-                           f"{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False, soft_wrap=True)
+                           f"{rate}{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False, soft_wrap=True)
