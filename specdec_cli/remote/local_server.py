@@ -46,7 +46,7 @@ class LocalServer:
             return [SPECDEC, *cli]
         return [sys.executable, "-c", f"{self.prelude}\nfrom specdec_cli.commands.app import main\nmain()", *cli]
 
-    def start(self, timeout: float = 120.0) -> LocalServer:
+    def start(self, timeout: float = 300.0) -> LocalServer:  # (a loaded 2-core machine took 111 s)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         env.pop("SPECDEC_TOKEN", None)  # only the token a test gives
         env.update(self.env or {})
