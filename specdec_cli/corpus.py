@@ -571,9 +571,17 @@ def caption_with_ray(source: str | Path | list[str], destination: str | Path, ca
     from .scale.ray_batch import RayOptions
     from .scale.ray_data import map_parquet
 
-    sources = [str(s) for s in source] if isinstance(source, list) else str(source)
-    map_parquet(RayOptions(address, workers, gpus_per_worker), sources, str(destination), captioner,
+    # Local paths made absolute here: Ray's workers run in the folder the Ray was started from, not
+    # the caller's (a relative 'corpus.parquet' was not found once the caller had changed folder).
+    sources = [_absolute(s) for s in source] if isinstance(source, list) else _absolute(source)
+    map_parquet(RayOptions(address, workers, gpus_per_worker), sources, _absolute(destination), captioner,
                 rows_per_batch, preserve_order, overwrite)
+
+
+def _absolute(path: str | Path) -> str:
+    """A local path as an absolute one; a URI (s3://, gs://...) as it is."""
+    text = str(path)
+    return text if "://" in text else str(Path(text).absolute())
 
 
 # -- `specdec batch DATASET --out captions.parquet` ------------------------------------------------

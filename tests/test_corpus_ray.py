@@ -54,3 +54,16 @@ def test_ray_data_writes_the_rows_the_single_process_run_writes(local_ray, tmp_p
 
     with pytest.raises(InputError, match="captions-ray exists; give another destination, or overwrite=True"):
         exec(compile(ray_example(), "docs/corpus.md (Ray Data)", "exec"), {"__name__": "ray_example"})
+
+
+def test_the_actor_pool_leaves_a_cpu_slot_for_reads_and_writes():
+    """A pool holding every CPU slot hangs Ray Data (ray-project/ray#44687: the test above waited
+    in write_parquet with both actors idle, on its 2-CPU Ray with workers=2)."""
+    from specdec_cli.scale.ray_data import actor_cpus
+
+    assert actor_cpus(2, 2) == 0.5 and actor_cpus(1, 1) == 0.0  # the rest shared, one slot left
+    assert actor_cpus(8, 2) == 1.0 and actor_cpus(3, 2) == 1.0  # room: a CPU each
+    assert actor_cpus(0, 4) == 1.0  # a cluster stating no CPUs: Ray's default
+    for cpus in (1, 2, 3, 4, 16):
+        for workers in range(1, cpus + 1):
+            assert workers * actor_cpus(cpus, workers) <= cpus - 1

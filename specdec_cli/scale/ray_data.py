@@ -38,6 +38,17 @@ class PoolActor:
         return self.udf(batch)
 
 
+def actor_cpus(cpus: float, workers: int) -> float:
+    """The logical CPUs each of `workers` actors asks for on a cluster of `cpus`: 1, unless the pool
+    would then hold every CPU slot. Ray Data starts the actors before its read and write tasks, and
+    with no slot left for those the dataset hangs for ever (ray-project/ray#44687; here a 2-CPU
+    local Ray and 2 workers waited in write_parquet with both actors idle). So the pool leaves one
+    slot: its actors share the rest (the processes still use what the OS gives them)."""
+    if cpus <= 0 or workers * 1.0 <= cpus - 1:
+        return 1.0
+    return max(0.0, (cpus - 1) / workers)
+
+
 def map_parquet(options: RayOptions, source: str | list[str], destination: str, udf: Callable[[Any], Any],
                 rows_per_batch: int = 64, preserve_order: bool = True, overwrite: bool = False) -> None:
     """`read_parquet(source)` -> `map_batches(udf)` on `options.workers` actors (Arrow batches of
@@ -56,9 +67,10 @@ def map_parquet(options: RayOptions, source: str | list[str], destination: str, 
         context.execution_options.preserve_order = preserve_order
         workers = _worker_count(ray, options)
         extra = {"num_gpus": options.gpus_per_worker} if options.gpus_per_worker else {}
+        cpus = float(ray.cluster_resources().get("CPU", 0))
         rows = ray.data.read_parquet(source)
         described = rows.map_batches(
             PoolActor, fn_constructor_args=(udf,), batch_size=rows_per_batch, batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
+            compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=actor_cpus(cpus, workers),
             max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, **extra)
         described.write_parquet(destination, mode=SaveMode.OVERWRITE if overwrite else SaveMode.ERROR)
