@@ -105,6 +105,7 @@ def run(clips: list[dict], edge: str | None, cloud: str | None, modes: list[str]
         channels: tuple[str, ...] = ("clean",)) -> dict:
     from specdec import Pair
     from specdec_cli.demo.measure import MEASURE_RATE
+    from specdec_cli.errors import InputError
 
     pair = Pair(edge=edge, cloud=cloud)
     res: dict = {"modes": {}, "channels": {}}
@@ -116,7 +117,11 @@ def run(clips: list[dict], edge: str | None, cloud: str | None, modes: list[str]
             rows = []
             for c, (audio, labels) in zip(clips, given, strict=True):
                 rate = None if isinstance(audio, str) else MEASURE_RATE
-                r = pair.describe(audio, rate, **MODES[mode])
+                try:
+                    r = pair.describe(audio, rate, **MODES[mode])
+                except InputError as exc:  # e.g. a spelled letter the speech check finds no speech in
+                    rows.append({"file": c["file"], "skipped": str(exc), "labels": labels, "correct": {}})
+                    continue
                 pred = predict(r.description or "")
                 rows.append({"file": c["file"], "description": r.description, "predicted": pred, "labels": labels,
                              "correct": {a: pred[a] == v for a, v in labels.items()},
@@ -141,7 +146,8 @@ def summarise(clips: list[dict], res: dict, modes: dict | None = None) -> dict:
                 tot[a][1] += 1
                 groups[src][a][0] += ok
                 groups[src][a][1] += 1
-        out[mode] = {"attributes": {a: {"correct": c, "scored": n, "accuracy": c / n if n else None}
+        out[mode] = {"skipped": sum(1 for r in m["rows"] if "skipped" in r),  # refused inputs, unscored
+                     "attributes": {a: {"correct": c, "scored": n, "accuracy": c / n if n else None}
                                     for a, (c, n) in tot.items()},
                      "mean_accuracy": (sum(c / n for c, n in tot.values() if n) / sum(1 for _, n in tot.values() if n))
                      if tot else None,

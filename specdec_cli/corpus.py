@@ -103,12 +103,17 @@ def output_kind(out: str | Path) -> str:
 def is_dataset(path: Path) -> bool:
     """Whether `path` is a dataset rather than a folder of audio files: a Parquet file, a folder
     written by `save_to_disk`, or a folder holding Parquet files. (An audiofolder is a folder of
-    audio files too; it is read as a dataset when the output is Parquet.)"""
-    if path.is_file():
-        return path.suffix == ".parquet"
-    if not path.is_dir():
+    audio files too; it is read as a dataset when the output is Parquet.) A path that cannot be
+    looked up (a name too long, a folder not searchable) is not one: the folder-of-audio route
+    says what is wrong with it, in one line."""
+    try:
+        if path.is_file():
+            return path.suffix == ".parquet"
+        if not path.is_dir():
+            return False
+        return _saved(path) or bool(_parquet_files(path))
+    except OSError:
         return False
-    return _saved(path) or bool(_parquet_files(path))
 
 
 def _saved(path: Path) -> bool:
