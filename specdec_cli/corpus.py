@@ -570,7 +570,8 @@ def caption_with_ray(source: str | Path | list[str], destination: str | Path, ca
     stays flat), applies backpressure, and restarts a dead actor and reruns its batches.
     `address`: "auto" starts a Ray of its own on this machine (loopback only) for the call; an
     address joins a cluster; a process that already called `ray.init` keeps its Ray.
-    `preserve_order`: the output's rows in the input's order (Ray Data's execution option);
+    `preserve_order`: Ray Data's execution option, the rows kept in the input's order (the part
+    files' names did not always sort in it on a loaded machine: join the output on a key column);
     `overwrite`: replace `destination` (else one that exists is refused). A run does not resume:
     one that fails is run again whole."""
     from .scale.ray_batch import RayOptions

@@ -44,7 +44,10 @@ def test_ray_data_writes_the_rows_the_single_process_run_writes(local_ray, tmp_p
 
     exec(compile(ray_example(), "docs/corpus.md (Ray Data)", "exec"), {"__name__": "ray_example"})
 
-    got = pq.read_table("captions-ray")
+    # Row for row by the input's `id`: the part files' names did not sort in the input's order once,
+    # on the loaded CI machine, though preserve_order was set (docs/corpus.md says to join on a key).
+    got = pq.read_table("captions-ray").sort_by("id")
+    expected = expected.sort_by("id")
     columns = [c for c in expected.column_names if c not in TIMING]
     assert got.column_names == expected.column_names
     assert got.select(columns).to_pylist() == expected.select(columns).to_pylist()
