@@ -84,7 +84,7 @@ from .. import __version__
 from ..errors import InputError
 from . import access_log, fairness, gate, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
-from .sessions import CloudSession, MemoryReturn, Sessions
+from .sessions import EARLY_WAIT_S, CloudSession, MemoryReturn, Sessions
 
 SESSION_ID = re.compile(wire.SESSION_ID_PATTERN)
 
@@ -101,6 +101,7 @@ MAX_WAITING_PER_TOKEN = 8  # requests of one token waiting for a turn of the mod
 PREP_SLOTS = 2            # clips decoded (samples -> features) at once
 FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next request (fairness.Turns, batching)
 FAIR_CREDIT_S = 0.5       # model time a token may stay behind the least served active one (fairness.Turns.lift)
+METRICS_EVERY_S = 1.0     # /metrics is rendered at most this often for each token's view (Rendered)
 MAX_REFUSALS_PER_S = 10.0  # refused requests a second per token before its next ones wait (gate.py; burst: twice)
 
 
@@ -207,6 +208,8 @@ class Metrics:
         self.verifications = Counter("specdec_verifications", "Drafts verified", registry=r)
         self.out_of_sync = Counter("specdec_verifications_out_of_sync", "Verifications refused before any forward: "
                                    "the prefix they assume is not the session's (409 out_of_sync)", registry=r)
+        self.held = Counter("specdec_verifications_held", "Verifications that came before the verdict they "
+                            "follow and waited for it (blocks sent ahead, on other connections)", registry=r)
         self.generations = Counter("specdec_generations", "Cloud-only descriptions", registry=r)
         self.tokens = Counter("specdec_tokens_scored", "Tokens run through the model (prompts included)",
                               registry=r)
@@ -244,14 +247,62 @@ class Metrics:
         """The token whose session each per-session series is (a series of 8 characters of an id)."""
         return dict(self._prefill_labels)
 
-    def exposition(self, owner: int | None = None) -> bytes:
+    def exposition(self, owner: int | None = None, owners: dict[str, int] | None = None) -> bytes:
         """The Prometheus text; `owner`: only that token's per-session series (least disclosure
-        between tenants, issue 42: any token saw every tenant's session prefixes and prefills)."""
+        between tenants, issue 42: any token saw every tenant's session prefixes and prefills),
+        by `owners` (label_owners(), taken on the event loop when this runs in a worker thread)."""
         text = generate_latest(self.registry)
-        return text if owner is None else tenant_view(text, self.label_owners(), owner)
+        return text if owner is None else tenant_view(text, self.label_owners() if owners is None else owners, owner)
+
+
+class Rendered:
+    """A text made at most once per `every_s` for each key (a token's view of /metrics), in a
+    worker thread, and never more than a fifth of the time: a caller waits for the next making
+    that starts after it came (never an older text than its request), which starts `every_s`
+    after the one before began at the earliest, and four times as long as that one took after it
+    ended; every caller waiting then gets that one.
+
+    Why (issue 55): /metrics rendered every per-session series (up to PREFILL_LABELS) and filtered
+    them for the asking token on the event loop, ~30 ms at 1,400 series and ~110 ms at 4,096, for
+    every request: a token polling it from two connections took another token's verifications to
+    3 % of their rate. Polled as fast as a client can, it is now made once a second (less often
+    when it takes long: on a loaded machine 4,096 series took 2.5 s), and the pollers wait for it.
+    Written by hand: prometheus_client renders on each call."""
+
+    def __init__(self, every_s: float = METRICS_EVERY_S) -> None:
+        self.every_s = every_s
+        self._last: dict[Any, tuple[float, float]] = {}  # key -> when its last making started, ended
+        self._next: dict[Any, asyncio.Future] = {}     # key -> the making its callers now wait for
+
+    async def get(self, key: Any, make: Callable[[], Awaitable[bytes]]) -> bytes:
+        upcoming = self._next.get(key)
+        if upcoming is None:
+            wait = 0.0
+            if key in self._last:
+                started, ended = self._last[key]
+                wait = max(started + self.every_s, ended + 4 * (ended - started)) - time.monotonic()
+            upcoming = asyncio.ensure_future(self._make(key, make, max(0.0, wait)))
+            self._next[key] = upcoming
+        return await asyncio.shield(upcoming)  # (a caller that leaves does not cancel the others')
+
+    async def _make(self, key: Any, make: Callable[[], Awaitable[bytes]], wait: float) -> bytes:
+        try:
+            if wait:
+                await asyncio.sleep(wait)
+        finally:
+            self._next.pop(key, None)  # callers from now on wait for the next making
+        started = time.monotonic()
+        try:
+            return await make()
+        finally:
+            self._last[key] = (started, time.monotonic())
 
 
 _SESSION_LABEL = re.compile(rb'^specdec_session_prefills_(?:total|created)\{.*session="([^"]*)"')
+
+
+class _Again(Exception):
+    """The session was rebuilt while a verification waited for its turn: take the new one's."""
 
 
 def tenant_view(text: bytes, owners: dict[str, int], owner: int) -> bytes:
@@ -362,6 +413,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     # Bodies: the longest clip as float32 (FLAC is smaller) plus room for ids and settings.
     body_cap = hosted.max_samples * 4 + 1024 * 1024
     document = openapi.document()
+    rendered = Rendered()  # /metrics, each token's view at most once a second
     hosted.min_samples  # found once, now, not in the first request  # noqa: B018
 
     def token_of(given: str) -> int | None:
@@ -577,7 +629,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
     async def metrics_endpoint(request: Request) -> Response:
         owner = owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
-        return Response(metrics.exposition(owner if tokens else None), media_type=CONTENT_TYPE_LATEST)
+        view = owner if tokens else None
+
+        def make() -> Awaitable[bytes]:
+            owners = metrics.label_owners()  # (taken on the loop, which changes the table)
+            return to_thread.run_sync(metrics.exposition, view, owners)
+        return Response(await rendered.get(view, make), media_type=CONTENT_TYPE_LATEST)
 
     async def openapi_endpoint(request: Request) -> Response:
         owner_of(request)
@@ -668,20 +725,14 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 # Its turn taken before anything can await: a verification of it sent before this
                 # verdict (protocol 3) waits behind this one instead of reading a cache being filled.
                 await session.turn.acquire()  # (a fresh lock: taken at once, no suspension)
-                turn.callback(session.turn.release)
+                turn.callback(turn_over, session)
                 sequence = prompt + list(req.pending)
             else:
                 # Protocol 3: one session's verifications run in arrival order, each checked against
                 # the session as the ones before it left it (a client may send the next one before
-                # this verdict).
-                session = sessions.get(req.session, owner, queue=True)
-                session.queued += 1
-                try:
-                    await session.turn.acquire()
-                finally:
-                    session.queued -= 1
-                turn.callback(session.turn.release)
-                session = sessions.get(req.session, owner)  # still open (it may have ended meanwhile)
+                # this verdict); one that came before the verdict it follows waits for it.
+                session = await session_turn(req, owner)
+                turn.callback(turn_over, session)
                 check_assumption(session, req)
                 check_ids(req.pending, "pending")
                 sequence_len = len(session.cloud) + len(req.pending)
@@ -712,6 +763,9 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             finally:
                 session.busy = False
                 session.last_used = time.monotonic()
+            if verdict.accepted < k:  # the next block sent ahead assumed all of this draft: it cannot run
+                full = sequence + list(req.draft)
+                session.doom(len(full), wire.prefix_hash(full[session.prompt_len:]))
             if verdict.ended:
                 sessions.end(session.id)
             # The token the next verification must start with, where the server drew it (a sampled
@@ -721,6 +775,60 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         metrics.tokens.inc(verdict.fed + verdict.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
         return answer(request, verdict)
+
+    def turn_over(session: CloudSession) -> None:
+        session.turn.release()
+        session.advance()
+
+    async def session_turn(req: wire.VerifyRequest, owner: int) -> CloudSession:
+        """The open session `req` verifies in, with its turn taken (the turns go in arrival order).
+        A verification that came before the verdict it follows (it assumes more tokens than the
+        session holds: blocks sent ahead travel on different connections, issue 55: 21-59 % of
+        valid ones were refused) gives the turn back and waits for the session to move on, up to
+        EARLY_WAIT_S in all (then it is checked, and refused, as it stands); it is refused at once
+        when its prefix is doomed (the verdict it assumed kept less than its draft). While it
+        waits it counts against the session's MAX_QUEUED."""
+        first = sessions.get(req.session, owner, queue=True)
+        first.queued += 1
+        until = time.monotonic() + EARLY_WAIT_S
+        session, waited = first, False
+        try:
+            while True:
+                await session.turn.acquire()
+                try:
+                    now = sessions.get(req.session, owner)  # still open (it may have ended meanwhile)
+                    if now is not session:  # rebuilt meanwhile: the new one's turn
+                        raise _Again
+                    if req.prefix is not None and (req.held, req.prefix) in session.doomed:
+                        doom_next(session, session.doomed[(req.held, req.prefix)], req)
+                        metrics.out_of_sync.inc()
+                        raise ApiError(409, "out_of_sync", "the verdict this request assumed kept less than its "
+                                                           "draft; nothing was run and the session is unchanged")
+                except _Again:
+                    session.turn.release()
+                    session = now
+                    continue
+                except BaseException:
+                    turn_over(session)
+                    raise
+                early = req.prefix is not None and req.held > len(session.cloud)
+                if not early or time.monotonic() >= until:
+                    return session
+                advanced = session.advanced
+                session.turn.release()  # (not turn_over: nothing changed, nobody else need look again)
+                if not waited:
+                    metrics.held.inc()
+                    waited = True
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(until - time.monotonic()):
+                        await advanced.wait()
+        finally:
+            first.queued -= 1
+
+    def doom_next(session: CloudSession, assumed: Any, req: wire.VerifyRequest) -> None:
+        """`req` will not run, its prefix hashing to `assumed`: the block sent after it, which
+        assumed its whole draft kept, cannot run either."""
+        session.doom(req.held + len(req.pending) + len(req.draft), wire.prefix_hash(req.pending + req.draft, assumed))
 
     def check_assumption(session: CloudSession, req: wire.VerifyRequest) -> None:
         """409 out_of_sync, before any forward and with the session unchanged, unless the request's
@@ -740,6 +848,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             raise ApiError(409, "out_of_sync", f"the session's {held} tokens are not the ones the request assumes "
                                                f"(digest); {unchanged}")
         if session.owed is not None and req.pending[:1] != [session.owed]:
+            doom_next(session, wire.prefix_hash(session.cloud.state.ids[session.prompt_len:held]), req)
             metrics.out_of_sync.inc()
             raise ApiError(409, "out_of_sync", "the request does not start with the token the last verdict gave; "
                                                f"{unchanged}")
@@ -867,6 +976,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     app.state.stopping = stopping
     app.state.sessions = sessions
     app.state.metrics = metrics
+    app.state.rendered = rendered
     app.state.owner_of = owner_of     # (a fleet's /health and /metrics show each token its own)
     app.state.tenants = bool(tokens)
     app.state.memory = memory
