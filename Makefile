@@ -10,23 +10,29 @@ SAMPLE ?= samples/f_mid_mid_loud.wav
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install dev speech demo test lint docs bench presets mutate clean gpu-check gpu-wheels
+.PHONY: install dev speech browser demo test lint docs bench presets mutate clean gpu-check gpu-wheels
 
 install: $(VENV)/.installed
 
-# torch is pinned to the CPU wheel (a bare `torch` pulls several GB of CUDA packages).
-# editable_mode=compat: the checkout goes on sys.path as a path entry. setuptools' default editable
-# install finds `specdec` through a finder placed after the path search, so a folder named `specdec`
-# in the current directory (a clone of this repository) shadowed the package as a namespace package
-# (tests/test_layers.py checks it).
-PIP_EDITABLE := $(BIN)/python -m pip install -q --config-settings editable_mode=compat -e
+# torch 2.13.0, the CPU build by default: PyPI's Linux wheel is the CUDA one (~2.5 GB with its
+# libraries), which a CPU demo does not need. TORCH=cpu takes it from PyTorch's CPU index (an extra
+# index: where it cannot be reached, pip goes on with its own index or a local wheel); TORCH=cuda
+# takes PyPI's default build, e.g. `make demo TORCH=cuda` on a machine with an NVIDIA GPU.
+TORCH ?= cpu
+TORCH_FROM_cpu := --extra-index-url https://download.pytorch.org/whl/cpu
+TORCH_FROM_cuda :=
+# A plain editable install: pyproject.toml's `package-dir` makes it a path entry for the checkout, so
+# a folder named `specdec` in the current directory (a clone, seen from its parent) cannot hide the
+# package (tests/test_install.py builds the editable wheel and checks it).
+PIP_EDITABLE := $(BIN)/python -m pip install -q -e
 
 # The distribution was named `specdec` before its rename to specdec-omni (PyPI's `specdec` is another
 # project): a venv holding either keeps a second owner of the `specdec` import, so it goes first.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
+	@echo "installing torch 2.13.0, the $(TORCH) build (make TORCH=cpu or TORCH=cuda chooses)"
+	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_FROM_$(TORCH))
 	$(BIN)/python -m pip uninstall -q -y specdec 2>/dev/null || true
 	$(PIP_EDITABLE) .
 	touch $@
@@ -51,7 +57,15 @@ speech:
 		&& test -d /usr/share/festival/voices/russian; } >/dev/null || ! command -v apt-get >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq $(SPEECH_PACKAGES) >/dev/null; }
 
-test: dev speech
+# Chromium and its driver, for the browser test of `specdec ui` (tests/test_ui_page.py drives them
+# with selenium, headless); Debian's packages, installed when missing and apt-get is there, as
+# `speech` does. Without them that test skips and says why.
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || ! command -v apt-get >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; }
+
+test: dev speech browser
 	$(BIN)/python -m pytest
 
 lint: dev

@@ -48,15 +48,16 @@ KEPT = ("mean_accuracy", "accuracy", "cloud_call_rate", "no_cloud_share", "sent_
         "errors", "clips")
 
 
-def heldout(start: int, n: int) -> Path:
+def heldout(start: int, n: int, corpus: str = "v4") -> Path:
     """The held-out clips start..start+n-1, written once under .demo-work/ (a tmp dir renamed into
-    place, so a half-written set is never read)."""
-    out = REPO / f".demo-work/heldout-{start}-{n}"
+    place, so a half-written set is never read). corpus v5: each clip through a channel, every
+    evaluation family in turn (`specdec_cli.demo.heldout --corpus v5`)."""
+    out = REPO / (f".demo-work/heldout-{start}-{n}" if corpus == "v4" else f".demo-work/heldout-{corpus}-{start}-{n}")
     if not (out / "labels.jsonl").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-heldout-{start}-"))
         subprocess.run([sys.executable, "-m", "specdec_cli.demo.heldout", str(tmp), "--start", str(start),
-                        "--clips", str(n)], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+                        "--clips", str(n), "--corpus", corpus], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
         tmp.rename(out)
     return out
 
@@ -106,6 +107,8 @@ def main() -> None:
     ap.add_argument("--clips", type=Path, help="a folder of labelled clips (default: held-out --start/--n)")
     ap.add_argument("--start", type=int, default=1400)
     ap.add_argument("--n", type=int, default=96)
+    ap.add_argument("--corpus", choices=("v4", "v5"), default="v4",
+                    help="the held-out clips' corpus (v5: through every channel family in turn)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--label", default="", help="a name for this pair in the JSON (e.g. v2, v3)")
     ap.add_argument("--json", type=Path, help="write the result here")
@@ -121,7 +124,7 @@ def main() -> None:
     if "cloud" not in wanted:
         raise SystemExit("--modes: include cloud (every distance is to cloud-only)")
     modes = [m for m in wanted if m == "cloud" or m in have]
-    clips = rel(args.clips or heldout(args.start, args.n))
+    clips = rel(args.clips or heldout(args.start, args.n, args.corpus))
     started, load = time.time(), list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="demo-goals-") as tmp:
         out = run(args.edge, args.cloud, presets, clips, modes, Path(tmp))
@@ -131,7 +134,8 @@ def main() -> None:
         "edge": str(args.edge),
         "cloud": str(args.cloud),
         "presets": str(presets),
-        "clips": str(clips) if args.clips else f"held-out {args.start}-{args.start + args.n - 1}",
+        "clips": str(clips) if args.clips else f"held-out {args.start}-{args.start + args.n - 1}"
+        + ("" if args.corpus == "v4" else f" of corpus {args.corpus}"),
         "n_clips": report["modes"][0]["clips"],
         "command": out["command"],
         "serve_exit": out["serve_exit"],

@@ -157,6 +157,61 @@ def human_speech(*docs: dict[str, Any]) -> list[str]:
     return rows
 
 
+# Demo contract v4 (issue 51): the cloud per held-out set and channel family, one pair against another.
+_V5_SETS = {"val": ("training voices", 0.97), "val_voices": ("held-out voices", 0.93),
+            "val_synth": ("held-out synthesizer", 0.92)}
+_CHANNELS = ("clean", "telephone", "codec", "room", "far field")
+
+
+def channel_goals(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: `evaluate_pair --only cloud` of two pairs on corpus v5's held-out sets,
+    mean attribute accuracy per set (rows) and channel family (columns), before → after, and issue
+    51's goals: clean at least the set's bar, every channel within 3 points of clean."""
+    rows = ["| held-out set | " + " | ".join(_CHANNELS) + " | goal | met |", "|---|" + "---:|" * len(_CHANNELS) + "---|---|"]
+    for key, (label, bar) in _V5_SETS.items():
+        a = after["sets"][key]
+        cells = [f"{pct(before['sets'][key][c]['all']['mean'])} → {pct(a[c]['all']['mean'])}" for c in _CHANNELS]
+        clean = a["clean"]["all"]["mean"]
+        worst = min(a[c]["all"]["mean"] for c in _CHANNELS[1:])
+        met = clean >= bar and worst >= clean - 0.03
+        why = [] if met else ([f"clean {pct(clean)} < {round(100 * bar)}"] if clean < bar else []) + (
+            [f"a channel {pct(clean - worst)} points below clean"] if worst < clean - 0.03 else [])
+        rows.append(f"| {label} | " + " | ".join(cells) + f" | clean ≥ {round(100 * bar)} %, channels within 3 points | "
+                    + ("**met**" if met else "**not met** (" + "; ".join(why) + ")") + " |")
+    return rows
+
+
+def channel_attributes(doc: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: one `evaluate_pair --only` JSON per attribute, each set and channel family
+    (the clips scored per attribute leave out the ambiguous ones)."""
+    rows = ["| held-out set | channel | " + " | ".join(ATTRS) + " | mean |", "|---|---|" + "---:|" * (len(ATTRS) + 1)]
+    for key, (label, _) in _V5_SETS.items():
+        for c in _CHANNELS:
+            a = doc["sets"][key][c]["all"]
+            rows.append(f"| {label} | {c} | " + " | ".join("–" if a[x] is None else pct(a[x]) for x in ATTRS)
+                        + f" | {pct(a['mean'])} |")
+    return rows
+
+
+def human_groups(*docs: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: bench/human_speech.py --channels, gender per speaker group, per pair, channel
+    and mode: correct / scored (goal: >= 90 % in every group)."""
+    groups = sorted({g for d in docs for ch in d.get("channels", {"clean": d["summary"]}).values()
+                     for s in ch.values() for g in s["groups"]})
+    short = [g.split(" (")[-1].rstrip(")") if "(" in g else g for g in groups]
+    rows = ["| pair | channel | mode | " + " | ".join(short) + " | mean of all attributes |",
+            "|---|---|---|" + "---:|" * (len(groups) + 1)]
+    for d in docs:
+        for ch, by_mode in d.get("channels", {"clean": d["summary"]}).items():
+            for mode, s in by_mode.items():
+                cells = []
+                for g in groups:
+                    x = s["groups"].get(g, {}).get("gender")
+                    cells.append(f"{x['correct']}/{x['scored']}" if x and x["scored"] else "–")
+                rows.append(f"| {d['label']} | {ch} | {mode} | " + " | ".join(cells) + f" | {pct(s['mean_accuracy'])} % |")
+    return rows
+
+
 _TRAINING_SETS = {"val": "training voices", "val_noisy": "training voices, noisy", "val_voices": "held-out voices",
                   "val_synth": "held-out synthesizer"}
 
@@ -1007,7 +1062,21 @@ def capacity_model(run: dict[str, Any]) -> list[str]:
     return rows
 
 
+def corpus(run: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md, "A corpus in Parquet": bench/corpus.py, the two routes on the same clips."""
+    names = {"wav_jsonl": "folder of WAV → JSON Lines", "parquet_parquet": "Parquet → Parquet"}
+    rows = ["| route | rows/s (wall) | rows per CPU-s | × (wall / CPU) | output MB | disk beyond the output, peak / after |",
+            "|---|---|---|---|---|---|"]
+    for key, r in run["routes"].items():
+        ratio = "1" if key == "wav_jsonl" else f"{run['ratio_wall']:.3f} / {run['ratio_cpu']:.3f}"
+        rows.append(f"| {names[key]} | {r['rows_per_s']:.3f} | {r['rows_per_cpu_s']:.3f} | {ratio} | "
+                    f"{r['output_bytes'] / 1e6:.1f} | {r['peak_extra_bytes'] / 1e3:.0f} kB / "
+                    f"{r['final_extra_bytes'] / 1e3:.0f} kB |")
+    return rows
+
+
 RENDERERS: dict[str, Callable[..., list[str]]] = {
+    "corpus": corpus,
     "capacity_model": capacity_model,
     "capacity_goal": capacity_goal,
     **{f"link_{pair}_{mode}": _link_clients(pair, mode) for pair in ("demo", "self", "noised")
@@ -1024,6 +1093,9 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "demo_voice_groups": demo_voice_groups,
     "demo_before_after": demo_before_after,
     "human_speech": human_speech,
+    "human_groups": human_groups,
+    "channel_goals": channel_goals,
+    "channel_attributes": channel_attributes,
     "demo_cut_points": demo_cut_points,
     "demo_voices": demo_voices,
     "training_curve": training_curve,

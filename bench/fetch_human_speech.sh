@@ -18,6 +18,11 @@ OUT=$(cd "$OUT" && pwd)
 CACHE="${FETCH_CACHE:-${TMPDIR:-/tmp}/specdec-human-cache}"; mkdir -p "$CACHE/deb" "$CACHE/x" "$CACHE/npm"
 MAX_ASTERISK=${MAX_ASTERISK:-40}; MAX_FESTVOX=${MAX_FESTVOX:-40}; MAX_KAJONGG=${MAX_KAJONGG:-10}
 MAX_KLETTRES=${MAX_KLETTRES:-10}; MAX_GCIN=${MAX_GCIN:-20}; SKIP_FESTVOX=${SKIP_FESTVOX:-1}
+# SET=core (default): the project's evaluation set (sections 1-7). SET=fresh: telephone prompts of two
+# women the core set never had (section 8), for a second look that nothing was tuned on: put them in
+# their own OUTDIR (bench/human_speech.py --clips OUTDIR).
+SET=${SET:-core}
+case "$SET" in core|fresh) ;; *) die "SET must be core or fresh";; esac
 
 die() { echo "fetch_human_speech.sh: ERROR: $*" >&2; exit 1; }
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -84,6 +89,7 @@ rel() { echo "${1#$ROOT}"; }
 # pick up to N files (args) ordered by duration desc then name; prints paths
 longest() { local n=$1; shift; for f in "$@"; do printf '%s\t%s\n' "$(soxi -D "$f" 2>/dev/null || echo 0)" "$f"; done | sort -t$'\t' -k1,1gr -k2,2 | head -n "$n" | cut -f2; }
 
+if [ "$SET" = core ]; then
 ################ 1. asterisk core sounds (IVR prompts, professional voice talents, 8 kHz)
 for spec in "en:en_US_f_Allison:f:en-US:Allison Smith" "es:es_MX_f_Allison:f:es-MX:Allison Smith" \
             "fr:fr_CA_f_June:f:fr-CA:June Wallack" "it:it_IT_m_Carlo:m:it-IT:Carlo Flora" \
@@ -224,6 +230,21 @@ if command -v npm >/dev/null; then
     "not labelled: readme says artist 'Lena Stolze' (female actress), but the clip may be singing rather than speech" MIT ""
 else
   echo "fetch_human_speech.sh: warning: npm not found, skipping audio-lena" >&2
+fi
+fi  # SET=core
+
+################ 8. SET=fresh: telephone prompts (GSM 6.10, 8 kHz) of two women, never in the core set
+if [ "$SET" = fresh ]; then
+  MAX_FRESH=${MAX_FRESH:-24}
+  for spec in "asterisk-prompt-fr-armelle:20070613-2.2:fr:fr-FR:Voice actor: Armelle Desjardins (debian/copyright)" \
+              "asterisk-prompt-es-co:0.20070403-2.1:es:es-CO:recorded by July E. Jiménez, Avatar Ltda. (debian/copyright: upstream author)"; do
+    IFS=: read -r pkg ver dir lang who <<<"$spec"
+    deb "$pkg" "$ver"
+    mapfile -t files < <(longest "$MAX_FRESH" $(find "$ROOT/usr/share/asterisk/sounds/$dir" -maxdepth 1 -name '*.gsm' | sort))
+    for f in "${files[@]}"; do
+      emit "$f" "fresh_${pkg}_$(basename "$f" .gsm).wav" "$pkg" "$DEBVER" "$(rel "$f")" "$lang" f "$who" GPL-2 "" -t gsm -r 8000 -c 1
+    done
+  done
 fi
 
 ################ write manifest.jsonl, genders.jsonl, SOURCES.md

@@ -12,10 +12,11 @@ it, not the other way round, and importing specdec does not import the command l
 """
 
 from specdec_cli import __version__
+from specdec_cli.corpus import Captioner, caption_with_ray
 from specdec_cli.errors import InputError, ModelError, SpecdecError
 from specdec_cli.pair import LowSampleRate, Pair, Result, Stream
 from specdec_cli.segments import Piece, Segment
 from specdec_cli.settings import Settings
 
-__all__ = ["InputError", "LowSampleRate", "ModelError", "Pair", "Piece", "Result", "Segment", "Settings",
-           "SpecdecError", "Stream", "__version__"]
+__all__ = ["Captioner", "InputError", "LowSampleRate", "ModelError", "Pair", "Piece", "Result", "Segment", "Settings",
+           "SpecdecError", "Stream", "__version__", "caption_with_ray"]

@@ -43,6 +43,25 @@ SILENCE_DBFS = -60.0
 # and reached the model as inf/NaN (issue 42). The server refuses such a clip too (wire.decode_audio).
 MAX_PEAK = 1e5
 
+# Float samples over full scale (1.0), issue 52. Up to OVER_SCALE (+6 dB) they are what a lossy
+# decoder or a float mix overshoots by: heard as they are. From INT16_SCALED on (48 dB over, the
+# quietest speech a 16-bit recording holds) a float file was written at 16-bit integers' scale (a
+# common export mistake, ±32767): read as 16-bit PCM would be, divided by 32768, with a note. Between
+# the two, and past 16-bit's range, there is no scale to read them at: refused with the fix.
+OVER_SCALE = 2.0
+INT16_SCALED = 256.0
+# A lossy codec's decoder (MP3, Vorbis, Opus; anything PyAV decodes) reconstructs the waveform from
+# its spectrum and overshoots full scale by more than +6 dB on loud, clipped or noisy passages (a
+# VBR MP3 of full-scale noise decodes to 2.04): never a 16-bit-scale export, heard as it is up to
+# INT16_SCALED. Only PCM and float files (WAV, FLAC, AIFF...) get the OVER_SCALE cut.
+LOSSY_SUBTYPES = frozenset({"MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS"})
+INT16_FULL = 32768.0
+
+
+class RescaledClip(UserWarning):
+    """A float clip written at 16-bit integers' scale, read as 16-bit PCM (divided by 32768)."""
+
+
 # Fewer samples per second than any recording of speech carries (telephone audio is 8 kHz): a
 # 104-byte WAV at 1 Hz was otherwise resampled into a 30 s clip (21 s of CPU, 358 MB), with only a
 # warning (issue 42). At 1 kHz and above, resampling to 16 kHz costs at most 16 samples per sample read.
@@ -271,7 +290,12 @@ def load_audio(path: str | Path, sampling_rate: int, max_seconds: float, data: b
         raise TooLong(f"{path} is over {max_seconds:g} s long; the model takes at most {max_seconds:g} s "
                          f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     _warn_if_short(path, data, info, samples.shape[0])
-    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path, too_long_hint)
+    return _checked(samples, info.samplerate, sampling_rate, max_seconds, path, too_long_hint, lossy=_lossy(info))
+
+
+def _lossy(info) -> bool:
+    """Whether the clip was decoded from a lossy codec (see LOSSY_SUBTYPES)."""
+    return isinstance(info, AvInfo) or getattr(info, "subtype", "") in LOSSY_SUBTYPES
 
 
 class TruncatedClip(UserWarning):
@@ -479,9 +503,9 @@ def _mp3_pipe(path: Path, data: bytes | None):
 
 
 def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float, path: Path,
-             too_long_hint: str | None = None) -> np.ndarray:
+             too_long_hint: str | None = None, lossy: bool = False) -> np.ndarray:
     """`too_long_hint`: what to do with a clip over the window, in the caller's terms (None: the
-    command line's, segment_hint)."""
+    command line's, segment_hint). `lossy`: decoded from a lossy codec (see LOSSY_SUBTYPES)."""
     import numpy as np
 
     seconds = data.shape[0] / rate
@@ -494,7 +518,61 @@ def _checked(data: np.ndarray, rate: int, sampling_rate: int, max_seconds: float
                          f"per clip: {too_long_hint or segment_hint(max_seconds)}")
     if not np.isfinite(data).all():
         raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
-    return _prepare(data, rate, sampling_rate, path)
+    return _prepare(_at_full_scale(data, path, lossy), rate, sampling_rate, path)
+
+
+def _over_scale(path: Path | str, peak: float) -> InputError:
+    return InputError(f"{path} holds samples up to {peak:.4g}, far over full scale (1.0), at no scale specdec "
+                      "can read; re-export it as 16-bit PCM or as float at full scale 1.0")
+
+
+def _at_full_scale(data: np.ndarray, path: Path | str, lossy: bool = False) -> np.ndarray:
+    """`data` at full scale 1.0: as it is up to OVER_SCALE (INT16_SCALED when `lossy`); divided by
+    32768, with a note, when it was written at 16-bit's scale; else refused (see OVER_SCALE)."""
+    import warnings
+
+    import numpy as np
+
+    peak = float(np.abs(data).max()) if data.size else 0.0
+    if peak <= (INT16_SCALED if lossy else OVER_SCALE) or peak > MAX_PEAK:  # over MAX_PEAK: prepare_mono's
+        return data
+    if not INT16_SCALED <= peak <= INT16_FULL:
+        raise _over_scale(path, peak)
+    warnings.warn(RescaledClip(f"{printable(str(path))} holds float samples up to {peak:.0f}, at 16-bit's scale "
+                               "instead of 1.0: read as 16-bit PCM (divided by 32768); re-export it at full "
+                               "scale 1.0 to silence this"), stacklevel=4)
+    return (data / INT16_FULL).astype(np.float32)
+
+
+class ChannelsDiffer(UserWarning):
+    """A clip whose channels differ much (two voices, or one channel silent): mixed to mono anyway."""
+
+
+# The channels differ much when what sets each apart from their mean holds at least half the mean's
+# power: for two channels of equal level, a correlation of 1/3 or less (two voices: about 0; one
+# voice through two microphones: well above). One channel silent gives 1; a panned copy, near 0.
+CHANNELS_DIFFER = 0.5
+
+
+def channels_differ(data: np.ndarray) -> bool:
+    """Whether the channels of `data` ([frames, channels]) differ much (see CHANNELS_DIFFER)."""
+    import numpy as np
+
+    if data.ndim != 2 or data.shape[1] < 2 or not data.size:
+        return False
+    mean = data.mean(axis=1, keepdims=True, dtype=np.float64)
+    apart = float(np.mean(np.square(data - mean)))
+    return apart > 0 and apart >= CHANNELS_DIFFER * float(np.mean(np.square(mean)))
+
+
+def _note_channels(data: np.ndarray, path: Path | str) -> None:
+    import warnings
+
+    if channels_differ(data):
+        warnings.warn(ChannelsDiffer(f"{printable(str(path))}: its {data.shape[1]} channels differ much (two voices, "
+                                     "or one channel silent?); they are mixed to mono, as the models hear one "
+                                     "voice: save each channel as a file of its own to describe it alone"),
+                      stacklevel=4)
 
 
 def _mono(data: np.ndarray) -> np.ndarray:
@@ -504,6 +582,7 @@ def _mono(data: np.ndarray) -> np.ndarray:
 
 
 def _prepare(data: np.ndarray, rate: int, sampling_rate: int, path: Path) -> np.ndarray:
+    _note_channels(data, path)
     return prepare_mono(_mono(data), rate, sampling_rate, path)
 
 
@@ -514,8 +593,7 @@ def prepare_mono(mono: np.ndarray, rate: int, sampling_rate: int, path: Path | s
 
     peak = float(np.abs(mono).max())
     if peak > MAX_PEAK:
-        raise InputError(f"{path} holds samples up to {peak:.3g}, over {MAX_PEAK:g} times full scale (1.0): "
-                         "not a recording; re-export the audio")
+        raise _not_a_recording(path, peak)
     if peak < 10 ** (SILENCE_DBFS / 20):
         raise InputError(f"{path} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: "
                          "check the recording")
@@ -603,6 +681,7 @@ def mono_blocks(path: Path, data: bytes | None, info, cap_seconds: float = MAX_R
 
     cap = math.floor(cap_seconds * info.samplerate)
     total = 0
+    noted = False  # the channels' note, once per recording (from its first block where they differ)
     try:
         with _forward(path, data, info) as f:
             while total <= cap:
@@ -614,6 +693,10 @@ def mono_blocks(path: Path, data: bytes | None, info, cap_seconds: float = MAX_R
                     raise _over_cap(path, f"over {_hours(cap_seconds)} long", cap_seconds)
                 if not np.isfinite(block).all():
                     raise InputError(f"{path} contains NaN or infinite samples; re-export the audio")
+                _refuse_over_scale(block, path, _lossy(info))
+                if not noted and channels_differ(block):
+                    _note_channels(block, path)
+                    noted = True
                 yield np.ascontiguousarray(_mono(block), dtype=np.float32)
     except InputError:
         raise
@@ -636,7 +719,26 @@ def waveform_mono(samples: np.ndarray, rate: int, name: str = "<waveform>",
         raise _over_cap(Path(name), f"{_hours(data.shape[0] / rate)} long", cap_seconds)
     if not np.isfinite(data).all():
         raise InputError(f"{name} contains NaN or infinite samples; re-export the audio")
+    _refuse_over_scale(data, name)
     return np.ascontiguousarray(_mono(data), dtype=np.float32)
+
+
+def _not_a_recording(path: Path | str, peak: float) -> InputError:
+    return InputError(f"{path} holds samples up to {peak:.3g}, over {MAX_PEAK:g} times full scale (1.0): "
+                      "not a recording; re-export the audio")
+
+
+def _refuse_over_scale(data: np.ndarray, path: Path | str, lossy: bool = False) -> None:
+    """A recording read in blocks (--segment) cannot be rescaled as a whole: samples over
+    OVER_SCALE (INT16_SCALED when `lossy`) are refused with the fix (a clip is rescaled instead:
+    _at_full_scale)."""
+    import numpy as np
+
+    peak = float(np.abs(data).max()) if data.size else 0.0
+    if peak > MAX_PEAK:
+        raise _not_a_recording(path, peak)
+    if peak > (INT16_SCALED if lossy else OVER_SCALE):
+        raise _over_scale(path, peak)
 
 
 def _hours(seconds: float) -> str:
@@ -646,3 +748,34 @@ def _hours(seconds: float) -> str:
 def _over_cap(path: Path, what: str, cap_seconds: float) -> InputError:
     return InputError(f"{path} is {what}; --segment reads at most {_hours(cap_seconds)} per file: cut it into "
                       "shorter files")
+
+
+# A band-limited clip: (nearly) none of its energy lies above 4 kHz, which is what a telephone line
+# (300-3400 Hz) or any recording at 8 kHz leaves. The band above 4 kHz carries much of what tells
+# voices apart: the demo pair v4 calls 46 of 48 telephone-band women men (issue 51), so such a clip's
+# record says so (`band_limited`) and the CLI says it once per run. Measured on the samples the
+# models hear (16 kHz mono, after resampling): the share of the clip's energy at or above
+# BAND_LIMIT_HZ, from its periodogram (numpy's FFT of the whole clip, the mean taken out), against
+# BAND_LIMITED_DB. Measured here: the bundled samples and espeak-ng speech put -17 to -33 dB of their
+# energy there (11.025 kHz copies of them: -28 to -37 dB; 32 kb/s MP3: as the source), their
+# telephone-band copies (`sox in.wav -r 8000 out.wav sinc 300-3400`, G.711 mu-law, or the same
+# filter kept at 16 kHz) -59 dB or less; -45 dB lies between, some 10 dB from either side.
+BAND_LIMIT_HZ = 4000.0
+BAND_LIMITED_DB = -45.0
+
+
+def band_limited(samples: np.ndarray, rate: int) -> bool:
+    """Whether a clip (mono samples at `rate` Hz) has (nearly) no energy above 4 kHz: at most
+    BAND_LIMITED_DB of it at or above BAND_LIMIT_HZ (see above). A rate of 8 kHz or less cannot hold
+    any; a clip with no energy at all (silence, refused before it gets here) is not band-limited."""
+    import numpy as np
+
+    if rate <= 2 * BAND_LIMIT_HZ:
+        return True
+    x = np.asarray(samples, dtype=np.float64)
+    power = np.abs(np.fft.rfft(x - x.mean())) ** 2
+    total = float(power.sum())
+    if not total > 0:
+        return False
+    above = float(power[np.fft.rfftfreq(len(x), 1.0 / rate) >= BAND_LIMIT_HZ].sum())
+    return above <= total * 10 ** (BAND_LIMITED_DB / 10)

@@ -28,7 +28,9 @@ preset that keeps clips on the device at quality's budget, not fluent's) by the 
 (k, gate_upload) tested from gate_verify 0 up; written with the `[gate]` table only when one is.
 
 Quality, in points (0–100):
-* with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores);
+* with labels: mean attribute accuracy by the canonical phrases (`evaluate.score`, as `eval` scores),
+  each attribute over the clips labelled for it where the labels leave some out (as demo.measure
+  does for an ambiguous one; calibration_objective.attribute_weights);
 * without labels: agreement with cloud-only's sentence for the same clip. Where cloud-only's
   sentence states attributes by canonical phrases, the share of those attributes the setting
   states the same way; otherwise difflib's character-level similarity ratio to it. Speculative
@@ -48,22 +50,26 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
 from .calibration_objective import (
+    ONE_ATTRIBUTE,
     ClipCost,
     GapBound,
     Selection,
     SettingScore,
+    attribute_unit,
+    attribute_weights,
     call_rate_key,
     clip_cost,
     clips_to_show,
     cost_key,
     score_clips,
     select,
+    weighted_quality,
 )
 from .decoding.config import DecodingConfig
 from .errors import InputError, SpecdecError, one_line
 from .inputs import Skipped, check_clips, clips_for_resolution, read_all, resolution_points
 from .inputs import clips as count_clips
-from .phrases import ATTRIBUTES, agreement
+from .phrases import agreement
 
 if TYPE_CHECKING:
     from .decoding.gate import MeaningGate
@@ -72,10 +78,12 @@ if TYPE_CHECKING:
 
 PERCENTILES = (10, 25, 40, 50, 60, 75, 90)  # the default grid; --percentiles refines it
 # The meaning gate's sweep: gate_upload at these percentiles of the never-escalating run's block
-# scores, gate_verify at these (and 0, and gate_upload): at most 12 settings per k, a
+# scores, gate_verify at these (and 0, and gate_upload): at most 20 settings per k, a
 # coarser grid than bench/gate.py's (gate_fit.UPLOAD/VERIFY_PERCENTILES, ~30) to keep calibrate's
-# decodes near the entropy sweep's.
-GATE_UPLOAD_PERCENTILES = (60, 80, 90)
+# decodes near the entropy sweep's. A clip stays home only when every one of its blocks is under
+# gate_upload, so the 95th and 98th percentiles are where most of them do (with v4's 60/80/90 the
+# frugal preset kept 2-4 % of clips home: bench/demo_goals.py, issue 51).
+GATE_UPLOAD_PERCENTILES = (60, 80, 90, 95, 98)
 GATE_VERIFY_PERCENTILES = (25, 50)
 MAX_SWAPS = 48  # self-labelled swaps per calibration clip (each: one edge continuation)
 
@@ -83,11 +91,12 @@ MAX_SWAPS = 48  # self-labelled swaps per calibration clip (each: one edge conti
 # -- scoring ---------------------------------------------------------------------------------------
 
 def label_accuracy(text: str, labels: dict[str, str]) -> float:
-    """Mean attribute accuracy of one description against its labels, in [0, 1] (eval's scoring)."""
+    """The share of one description's labelled attributes it states right, in [0, 1] (eval's
+    scoring; an attribute the labels leave out is not judged)."""
     from .evaluate import score
 
-    correct = score(text, labels)["correct"]
-    return sum(correct.values()) / len(ATTRIBUTES)
+    judged = [v for v in score(text, labels)["correct"].values() if v is not None]
+    return sum(judged) / len(judged) if judged else 0.0
 
 
 # -- the settings and their results ----------------------------------------------------------------
@@ -257,21 +266,34 @@ def presets_toml(choices: Sequence[Choice], header: Sequence[str], baselines: di
 
 # -- the inputs ------------------------------------------------------------------------------------
 
-def clips_for(directory: Path, labels: Path | None, limit: int | None = None) -> tuple[
-        list[str], list[Path], list[dict[str, str]] | None, list[Skipped]]:
-    """The clips to calibrate on (names relative to `directory`, paths), their labels (None without
-    a labels file: then every audio file of `directory`), the first `limit` of them, each checked
-    before any model loads (inputs.check_clips); and the files skipped, with the reasons."""
-    from .evaluate import read_labels, unlabelled_clips
+@dataclass(frozen=True)
+class Clips:
+    """The clips to calibrate on: names relative to the folder, paths, their labels (None without a
+    labels file), the files skipped with the reasons, and the files the labels file labels no
+    attribute of (left out: nothing to score them by)."""
 
+    names: list[str]
+    paths: list[Path]
+    labels: list[dict[str, str]] | None
+    skipped: list[Skipped]
+    unlabelled: list[str] = field(default_factory=list)
+
+
+def clips_for(directory: Path, labels: Path | None, limit: int | None = None) -> Clips:
+    """The clips to calibrate on (without a labels file: every audio file of `directory`), the first
+    `limit` of them, each checked before any model loads (inputs.check_clips)."""
+    from .evaluate import labels_file, unlabelled_clips
+
+    unlabelled: list[str] = []
     if labels is not None:
-        clips, skipped = read_labels(labels, directory), []
+        read = labels_file(labels, directory)
+        clips, skipped, unlabelled = read.clips, [], read.unlabelled
     else:
         clips, skipped = unlabelled_clips(directory)
     checked = check_clips(clips[:limit], lambda c: c.path)
     kept = checked.clips
-    return ([c.file for c in kept], [c.path for c in kept],
-            None if labels is None else [c.labels for c in kept], skipped + checked.skipped)
+    return Clips([c.file for c in kept], [c.path for c in kept],
+                 None if labels is None else [c.labels for c in kept], skipped + checked.skipped, unlabelled)
 
 
 def _comma_list(text: str, option: str, convert: Callable[[str], float], what: str, example: str) -> list:
@@ -322,6 +344,12 @@ class Calibration:
     n_calib: int
     n_check: int
     gate: GateChoice | None = None  # None: --no-gate
+    # With labels: per attribute, the clips it was scored on and the clips whose labels left it out
+    attributes: dict[str, dict[str, int]] | None = None
+    unit: float = ONE_ATTRIBUTE  # one attribute of one clip, in points (calibration_objective.attribute_unit)
+    # Labels that leave attributes out: the most one attribute of one calibration clip moves that
+    # half's quality, in points, 100 / (m x the least-labelled attribute's clips); None otherwise
+    step: float | None = None
 
     def report(self) -> dict[str, Any]:
         """Every setting's scores on both halves and what was chosen, as JSON (`calibrate --report`):
@@ -370,6 +398,7 @@ class Calibration:
                     "calibration": half(g.calib), "check": half(g.check), "swaps": g.swaps,
                     "weights": len(g.gate.weights), **_rule(g.selection)}
         return {"measure": self.measure, "n_calib": self.n_calib, "n_check": self.n_check,
+                "attributes": self.attributes,
                 "settings": [setting(r) for r in self.runs],
                 "choices": [{"name": c.name, "points": c.points, "met": c.met, "setting": c.run.name,
                              **_rule(c.selection), "taken_from": c.taken_from}
@@ -382,11 +411,16 @@ class Calibration:
         check half misses its target (on clips it was not chosen on). Empty when none."""
         lines = []
         tightest = min(c.points for c in self.choices)
-        if self.n_calib < clips_for_resolution(tightest):
+        if self.step is None and self.n_calib < clips_for_resolution(tightest):
             lines.append(f"the choice rests on {count_clips(self.n_calib, 'calibration clip')} (checked on {self.n_check}): one "
                          f"attribute changed on one clip moves quality by {resolution_points(self.n_calib):.1f} "
                          f"points, more than the {tightest:g}-point target; calibrate on at least "
                          f"{count_clips(self.clips_needed(tightest))}")
+        elif self.step is not None and self.step > tightest + 1e-9:
+            lines.append(f"the choice rests on {count_clips(self.n_calib, 'calibration clip')} (checked on {self.n_check}): one "
+                         f"attribute changed on one clip moves quality by up to {self.step:.1f} points (the "
+                         f"least-labelled attribute's clips), more than the {tightest:g}-point target; calibrate on "
+                         f"at least {count_clips(self.clips_needed(tightest))}")
         for c in self.choices:
             if not c.met and c.selection is not None:
                 lines.append(f"{c.name}: no setting was shown within {c.points:g} point(s) of cloud-only on "
@@ -408,11 +442,12 @@ class Calibration:
     def clips_needed(self, points: float) -> int:
         """The fewest clips (both halves) on which a setting that matches cloud-only on every clip
         is shown within `points` by quality's rule (calibration_objective.clips_to_show, at the z of
-        each half), and on which one attribute of one clip moves quality by at most `points`."""
-        need = clips_for_resolution(points)
+        each half), and on which one attribute of one clip moves quality by at most `points` (with
+        labels that leave attributes out: as many more as the least-labelled attribute lacks)."""
+        need = clips_for_resolution(points) if self.step is None else math.ceil(self.step * self.n_calib / points - 1e-9)
         sel = self.choices[0].selection
         if sel is not None and sel.margin > 0:
-            need = max(need, clips_to_show(points, sel.z), clips_to_show(points, sel.margin))
+            need = max(need, clips_to_show(points, sel.z, self.unit), clips_to_show(points, sel.margin, self.unit))
         return 2 * need
 
 
@@ -542,10 +577,28 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
 
     # Scoring: labels if given, else agreement with cloud-only's sentence for the same clip.
     used: set[str] = set()
+    unit = ONE_ATTRIBUTE
+    left_out = None
+    step = None
     if labels is not None:
+        from .evaluate import attribute_counts, left_out_line, score
+
+        # Each half's quality is eval's mean accuracy on it: per attribute over the clips labelled
+        # for it (calibration_objective.attribute_weights; the plain share right with complete labels).
+        weights: dict[int, dict[str, Any]] = {}
+        for half in (calib, check):
+            weights.update(zip(half, attribute_weights([labels[i] for i in half]), strict=True))
+        unit = max(attribute_unit([labels[i] for i in half]) for half in (calib, check))
+        left_out = attribute_counts(labels)
+        if any(c["left_out"] for c in left_out.values()):
+            on_calib = [c["scored"] for c in attribute_counts([labels[i] for i in calib]).values() if c["scored"]]
+            step = 100.0 / (len(on_calib) * min(on_calib))
+
         def quality_of(i: int, text: str) -> float:
-            return label_accuracy(text, labels[i])
+            return weighted_quality(score(text, labels[i])["correct"], weights[i])
         measure = "mean attribute accuracy against the labels (canonical phrases)"
+        if any(c["left_out"] for c in left_out.values()):
+            measure += ", each attribute over the clips labelled for it"
     else:
         def quality_of(i: int, text: str) -> float:
             value, how = agreement(text, cloud_run.texts[i])
@@ -574,7 +627,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
         cal_ref, chk_ref = costs(cloud_run)
         return select([(r.name, costs(r)[0]) for r in settings_], cal_ref, points, z=margin,
                       chains=sweep_chains({r.name: r.cfg for r in settings_}),
-                      check=([(r.name, costs(r)[1]) for r in settings_], chk_ref), key=key)
+                      check=([(r.name, costs(r)[1]) for r in settings_], chk_ref), key=key, unit=unit)
 
     by_name = {r.name: r for r in runs}
     choices = []
@@ -597,6 +650,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
               f"clips: {len(paths)} from {directory} ({len(calib)} calibration: 1st, 3rd, ...; "
               f"{len(check)} check: 2nd, 4th, ...)",
               f"quality measure: {measure}",
+              *([f"labels left out: {left}"] if left_out and (left := left_out_line(left_out)) else []),
               f"sweep: k in {list(ks)}, thresholds = 0, the edge's block-uncertainty percentiles "
               f"[{', '.join(f'{p:g}' for p in percentiles)}] ({uncertainty}, nats), inf; max_new_tokens {max_new_tokens}",
               *([] if fitted is None else [
@@ -609,7 +663,7 @@ def calibrate(pair: Pair, names: Sequence[str], paths: Sequence[Path], labels: S
     text = presets_toml(choices, header, {"cloud-only": scored[cloud_run.name], "edge-only": scored[edge_run.name]})
     if gate_choice is not None:
         text += gate_presets_toml(gate_choice, len(calib))
-    return Calibration(runs, scored, choices, measure, text, len(calib), len(check), gate_choice)
+    return Calibration(runs, scored, choices, measure, text, len(calib), len(check), gate_choice, left_out, unit, step)
 
 
 def no_dearer_than_narrower(choices: list[Choice]) -> list[Choice]:

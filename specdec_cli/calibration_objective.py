@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from statistics import NormalDist
 from typing import Any
 
@@ -49,6 +50,43 @@ from .phrases import ATTRIBUTES
 # The pseudo-clips' size: one attribute of one clip (1/6 of a clip's quality), the smallest change
 # the labels can see, used for every measure (agreement by phrases has the same step).
 ONE_ATTRIBUTE = 100.0 / len(ATTRIBUTES)
+
+
+def attribute_weights(labels: Sequence[Mapping[str, str]]) -> list[dict[str, Fraction]]:
+    """Per clip, the weight of each attribute its labels give in its quality, so that the mean of the
+    clips' qualities is the mean over attributes of each one's accuracy over the clips labelled for
+    it: eval's mean accuracy (evaluate.summarize), also when the labels leave attributes out (the
+    labeller, demo.measure, leaves out the ones it finds ambiguous). With n clips, n_a of them
+    labelled for attribute a and m attributes labelled on some clip, a clip's weight for a is
+    n / (m * n_a), so that the sum over clips of the weights of their right attributes, divided by
+    n, is the sum over a of (right on a / n_a) / m. With every attribute labelled on every clip it
+    is 1/6 each: a clip's quality is the share of its six it got right. Exact fractions, so that a
+    quality is the same float as that share (k/6) and not a sum of rounded sixths. A clip with no
+    label gets no weight (quality 0): keep such clips out (evaluate.labels_file does)."""
+    n = len(labels)
+    counts = {a: sum(1 for lab in labels if a in lab) for a in ATTRIBUTES}
+    m = sum(1 for k in counts.values() if k)
+    return [{a: Fraction(n, m * counts[a]) for a in ATTRIBUTES if a in lab} for lab in labels]
+
+
+def weighted_quality(correct: Mapping[str, bool | None], weights: Mapping[str, Fraction]) -> float:
+    """One clip's quality in [0, ...]: the weights (`attribute_weights`) of its labelled attributes
+    it got right (above 1 only for a clip labelled for an attribute few clips are)."""
+    return float(sum((w for a, w in weights.items() if correct.get(a)), Fraction(0)))
+
+
+def attribute_unit(labels: Sequence[Mapping[str, str]]) -> float:
+    """The smallest step one attribute of one clip makes in a clip's quality under
+    `attribute_weights`, in points: the pseudo-clips' size (`gap_bound`'s `unit`). ONE_ATTRIBUTE when
+    all six attributes are labelled on some clip and one of them on every clip (so always with
+    complete labels); more when the labels leave attributes out (only three attributes labelled
+    anywhere: a third of a clip each)."""
+    n = len(labels)
+    counts = [sum(1 for lab in labels if a in lab) for a in ATTRIBUTES]
+    m = sum(1 for k in counts if k)
+    if not m:
+        return ONE_ATTRIBUTE
+    return ONE_ATTRIBUTE * (len(ATTRIBUTES) / m) * (n / max(counts))
 
 
 @dataclass(frozen=True)

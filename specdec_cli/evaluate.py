@@ -53,14 +53,17 @@ def sentence_valid(text: str | None) -> bool:
 def score(description: str | None, labels: dict[str, str] | None) -> dict[str, Any]:
     """Judge one description against its labels. An attribute is correct when exactly one of its
     phrases occurs and it is the labelled one: two phrases (ambiguous) or none (missing) are wrong.
-    Without labels (None) there is nothing to be correct against: `correct` and `all_correct` are None."""
+    An attribute the labels leave out (the labeller found it ambiguous, or it was not known) is not
+    judged: its `correct` is None, and `all_correct` asks only of the labelled ones. Without labels
+    (None) there is nothing to be correct against: `correct` and `all_correct` are None."""
     predicted = predict(description or "")
     correct = None if labels is None else \
-        {attr: predicted[attr] is not None and predicted[attr] == labels.get(attr) for attr in ATTRIBUTES}
+        {attr: (predicted[attr] is not None and predicted[attr] == labels[attr]) if attr in labels else None
+         for attr in ATTRIBUTES}
     return {
         "predicted": predicted,
         "correct": correct,
-        "all_correct": all(correct.values()) if correct is not None else None,
+        "all_correct": all(v for v in correct.values() if v is not None) if correct is not None else None,
         "valid": sentence_valid(description),
         "immediate_repeats": immediate_repeats(description or ""),
     }
@@ -72,7 +75,18 @@ def score(description: str | None, labels: dict[str, str] | None) -> dict[str, A
 class LabelledClip:
     file: str               # as written in the labels file (relative to the clips folder)
     path: Path
-    labels: dict[str, str] | None  # attribute -> canonical phrase, all six; None: not labelled
+    # attribute -> canonical phrase, for the attributes labelled (at least one; the labeller,
+    # demo.measure, leaves an ambiguous one out); None: not labelled at all (eval without labels)
+    labels: dict[str, str] | None
+
+
+@dataclass(frozen=True)
+class Labels:
+    """A labels file read: the clips with at least one attribute labelled, and the files whose line
+    labels none (every attribute ambiguous): left out of the scoring, and said in a note."""
+
+    clips: list[LabelledClip]
+    unlabelled: list[str]
 
 
 def unlabelled_clips(directory: Path) -> tuple[list[LabelledClip], list[Skipped]]:
@@ -86,17 +100,21 @@ def unlabelled_clips(directory: Path) -> tuple[list[LabelledClip], list[Skipped]
             [Skipped(p, why) for p, why in found.skipped])
 
 
-def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
+def labels_file(labels_path: Path, directory: Path) -> Labels:
     """Parse labels.jsonl (`{"file": ..., "labels": {attr: phrase}}` per line). Every line must name
-    an existing clip and label all six attributes with canonical phrases: a half-labelled set would
-    make per-attribute accuracies incomparable, so it is refused up front, before models load. A
-    clip that is missing or unreadable is not the labels' fault: it is kept here and skipped, with
-    the others of its kind, by the input policy (inputs.check_clips)."""
+    a clip and give each attribute it labels a canonical phrase. An attribute may be left out, as
+    `python -m specdec_cli.demo.measure` leaves out the ones it finds ambiguous: each attribute is
+    then scored over the clips labelled for it (`summarize`, calibrate's quality), and the counts
+    say how many were left out. A line that labels no attribute has nothing to score: that clip is
+    left out (`Labels.unlabelled`). A bad line is refused up front, before models load. A clip
+    that is missing or unreadable is not the labels' fault: it is kept here and skipped, with the
+    others of its kind, by the input policy (inputs.check_clips)."""
     if not labels_path.is_file():
         raise InputError(f"labels file not found: {labels_path}")
     if not directory.is_dir():
         raise InputError(f"clips folder not found: {directory}")
     clips: list[LabelledClip] = []
+    unlabelled: list[str] = []
     for n, line in enumerate(labels_path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -109,15 +127,38 @@ def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
             raise InputError(f'{where}: expected {{"file": "x.wav", "labels": {{...}}}}')
         labels = entry["labels"]
         for attr, phrases in ATTRIBUTES.items():
-            if attr not in labels:
-                raise InputError(f"{where}: no label for {attr!r}; label all of {', '.join(ATTRIBUTES)}")
-            if labels[attr] not in phrases:
-                raise InputError(f"{where}: {attr} label {labels[attr]!r} is not one of {' · '.join(phrases)}")
-        path = directory / entry["file"]
-        clips.append(LabelledClip(entry["file"], path, {a: labels[a] for a in ATTRIBUTES}))
+            if attr in labels and labels[attr] not in phrases:
+                leave = "; leave the attribute out to not score it" if labels[attr] is None else ""
+                raise InputError(f"{where}: {attr} label {labels[attr]!r} is not one of {' · '.join(phrases)}{leave}")
+        given = {a: labels[a] for a in ATTRIBUTES if a in labels}
+        if given:
+            clips.append(LabelledClip(entry["file"], directory / entry["file"], given))
+        else:
+            unlabelled.append(entry["file"])
     if not clips:
-        raise InputError(f"{labels_path} lists no clips")
-    return clips
+        raise InputError(f"{labels_path} lists no clip with a label" if unlabelled else f"{labels_path} lists no clips")
+    return Labels(clips, unlabelled)
+
+
+def read_labels(labels_path: Path, directory: Path) -> list[LabelledClip]:
+    """The clips of a labels file with at least one attribute labelled (`labels_file`)."""
+    return labels_file(labels_path, directory).clips
+
+
+def attribute_counts(labels: Sequence[dict[str, str] | None]) -> dict[str, dict[str, int]]:
+    """Per attribute, how many of the clips (their labels) it is scored on and how many leave it out."""
+    n = len(labels)
+    scored = {a: sum(1 for lab in labels if lab is not None and a in lab) for a in ATTRIBUTES}
+    return {a: {"scored": k, "left_out": n - k} for a, k in scored.items()}
+
+
+def left_out_line(counts: dict[str, dict[str, int]]) -> str | None:
+    """'rate 2, volume 3 of 9 clips': the attributes left out of some clips, or None when none is."""
+    out = [f"{a} {c['left_out']}" for a, c in counts.items() if c["left_out"]]
+    if not out:
+        return None
+    n = next(iter(counts.values()))
+    return f"{', '.join(out)} of {count_clips(n['scored'] + n['left_out'])}"
 
 
 # -- modes ---------------------------------------------------------------------------------------
@@ -315,9 +356,11 @@ def _mean_field(records: Sequence[dict[str, Any]], key: str) -> float | None:
 
 
 def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, Any]:
-    """One row for one mode. Quality rates count every clip (a failed clip is wrong and invalid);
-    cost and latency average the clips that produced a result. Counts are per clip (means);
-    cloud_call_rate and acceptance_rate are pooled over all tokens / all verified drafts."""
+    """One row for one mode. Quality rates count every clip (a failed clip is wrong and invalid),
+    each attribute's accuracy the clips labelled for it (`scored`: how many; a clip whose labels
+    leave the attribute out is not judged on it); cost and latency average the clips that produced
+    a result. Counts are per clip (means); cloud_call_rate and acceptance_rate are pooled over all
+    tokens / all verified drafts."""
     n = len(records)
     ok = [r for r in records if r["error"] is None]
     tokens = sum(r["tokens"] for r in ok)
@@ -325,7 +368,9 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
     drafted = sum(r.get("verified_drafted", 0) for r in ok)
     accepted = sum(r.get("verified_accepted", 0) for r in ok)
     labelled = all(r["correct"] is not None for r in records)
-    accuracy = {a: (sum(r["correct"][a] for r in records) / n if n and labelled else None) for a in ATTRIBUTES}
+    judged = {a: [r["correct"][a] for r in records if r["correct"][a] is not None] if labelled else []
+              for a in ATTRIBUTES}
+    accuracy = {a: (sum(v) / len(v) if v else None) for a, v in judged.items()}
     spec = mode.cfg.mode == "spec"
     threshold = mode.cfg.threshold if spec else None
     agreements = [r["agreement"] for r in records if r.get("agreement") is not None]
@@ -340,6 +385,7 @@ def summarize(records: Sequence[dict[str, Any]], mode: EvalMode) -> dict[str, An
         "clips": n,
         "errors": n - len(ok),
         "accuracy": accuracy,
+        "scored": {a: len(v) for a, v in judged.items()} if labelled else None,
         "mean_accuracy": _mean([v for v in accuracy.values() if v is not None]),
         "all_correct_rate": (sum(r["all_correct"] for r in records) / n) if n and labelled else None,
         "valid_rate": (sum(r["valid"] for r in records) / n) if n else None,
@@ -431,8 +477,10 @@ def frontier(summaries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def build_report(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode], *, edge: str, cloud: str,
                  samples: str, labels: str | None, settings: dict[str, Any]) -> dict[str, Any]:
-    """The report; `labels` None: the clips had none (quality is agreement with cloud-only)."""
+    """The report; `labels` None: the clips had none (quality is agreement with cloud-only). With
+    labels, `attributes` says per attribute on how many clips it was scored and how many left it out."""
     summaries = summarize_all(records, modes)
+    by_file = {r["file"]: r["labels"] for r in records}
     return {
         "specdec_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -440,7 +488,8 @@ def build_report(records: Sequence[dict[str, Any]], modes: Sequence[EvalMode], *
         "cloud": cloud,
         "samples": samples,
         "labels": labels,
-        "clips": len({r["file"] for r in records}),
+        "clips": len(by_file),
+        "attributes": attribute_counts(list(by_file.values())) if labels is not None else None,
         "settings": settings,
         "modes": [s for s in summaries if not s["sweep"]],
         "frontier": frontier(summaries),
@@ -465,22 +514,52 @@ def labelled(report: dict[str, Any]) -> bool:
     return report.get("labels") is not None
 
 
+def partly_labelled(report: dict[str, Any]) -> bool:
+    """Whether the labels leave some attribute out of some clip (each attribute is then scored over
+    the clips labelled for it)."""
+    return any(c["left_out"] for c in (report.get("attributes") or {}).values())
+
+
+def partial_resolution(report: dict[str, Any]) -> tuple[float, int]:
+    """With labels that leave attributes out: how far one changed attribute on one clip moves a
+    mode's mean accuracy at most, in points, and the fewest clips per attribute at which that is 1
+    point. Each attribute's accuracy is over its own n_a clips and the mean is over the m attributes
+    labelled at all, so the step is 100 / (m * n_a), largest for the least-labelled attribute (with
+    all six on every clip: 100 / (6 n), inputs.resolution_points)."""
+    scored = [c["scored"] for c in report["attributes"].values() if c["scored"]]
+    m = len(scored)
+    return 100.0 / (m * min(scored)), math.ceil(100.0 / m)
+
+
+def attribute_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Accuracy per attribute, one row per mode, then the clips each attribute was scored on and
+    the clips that left it out when some did (shared by the terminal table and the Markdown report)."""
+    rows = [[s["mode"], *(fmt(s["accuracy"][a], pct=True) for a in ATTRIBUTES)] for s in report["modes"]]
+    if partly_labelled(report):
+        counts = report["attributes"]
+        rows += [["clips scored", *(str(counts[a]["scored"]) for a in ATTRIBUTES)],
+                 ["left out", *(str(counts[a]["left_out"]) for a in ATTRIBUTES)]]
+    return ["mode", *ATTRIBUTES], rows
+
+
 def has_link(report: dict[str, Any]) -> bool:
     """Whether the report's modes ran against a remote cloud (their link was measured)."""
     return any(s.get("sent_nothing_share") is not None for s in report["modes"])
 
 
-def summary_tables(rtt: bool, link: bool = False, labels: bool = True) -> list[tuple[str, list[Column]]]:
+def summary_tables(rtt: bool, link: bool = False, labels: bool = True,
+                   partly: bool = False) -> list[tuple[str, list[Column]]]:
     """(title, [(header, cell)]) for the mode summary, in narrow tables (quality, cost, cloud work,
     latency, and with a remote cloud the link) that fit a terminal; shared by the Rich tables and
     the Markdown report. Without `labels` the quality table has agreement with cloud-only where
-    accuracy would be."""
+    accuracy would be; `partly` (labels that leave attributes out): the share of clips with every
+    labelled attribute right is "all right", not "all six"."""
     def lat(key: str, q: str) -> Callable[[dict[str, Any]], str]:
         return lambda s: fmt(s[key][q])
 
     judged: list[Column] = [
         ("accuracy", lambda s: fmt(s["mean_accuracy"], pct=True)),
-        ("all six", lambda s: fmt(s["all_correct_rate"], pct=True)),
+        ("all right" if partly else "all six", lambda s: fmt(s["all_correct_rate"], pct=True)),
     ] if labels else [("agreement", lambda s: fmt(s.get("agreement"), pct=True))]
     quality: list[Column] = [
         ("mode", lambda s: s["mode"]),
@@ -548,6 +627,7 @@ def markdown(report: dict[str, Any]) -> str:
     st = report["settings"]
     rtt = bool(st.get("cloud_rtt_ms"))
     has_labels = labelled(report)
+    partly = partly_labelled(report)
     lines = [
         "# specdec eval",
         "",
@@ -561,11 +641,14 @@ def markdown(report: dict[str, Any]) -> str:
         "## Modes",
         "",
     ]
-    for title, cols in summary_tables(rtt, has_link(report), has_labels):
+    for title, cols in summary_tables(rtt, has_link(report), has_labels, partly):
         lines += [f"### {title.capitalize()}", ""]
         lines += _md_table([h for h, _ in cols], [[cell(s) for _, cell in cols] for s in report["modes"]])
         lines += [""]
-    judged = ("Accuracy is the mean of the six per-attribute accuracies; *all six* is the share of clips with "
+    judged = ("Accuracy is the mean of the per-attribute accuracies, each over the clips labelled for that "
+              "attribute (the labels leave some out: *Accuracy per attribute* counts them); *all right* is the share "
+              "of clips with every labelled attribute right" if partly else
+              "Accuracy is the mean of the six per-attribute accuracies; *all six* is the share of clips with "
               "every attribute right" if has_labels else
               "*Agreement* (without labels) is the mean agreement with cloud-only's sentence for the same clip: the "
               "share of the attributes cloud-only states by canonical phrases that the mode states alike (else "
@@ -585,8 +668,7 @@ def markdown(report: dict[str, Any]) -> str:
               "mode's.", ""]
     if has_labels:
         lines += ["## Accuracy per attribute", ""]
-        lines += _md_table(["mode", *ATTRIBUTES], [[s["mode"], *(fmt(s["accuracy"][a], pct=True) for a in ATTRIBUTES)]
-                                                   for s in report["modes"]])
+        lines += _md_table(*attribute_table(report))
     fr = report.get("frontier")
     if fr:
         lines += ["", f"## Cost–quality frontier (threshold sweep, k = {fr['k']})", ""]

@@ -109,6 +109,32 @@ def load_pair(edge: str | None = None, cloud: str | None = None, device: str = "
     return ModelPair(edge_model, cloud_model, processor, masks, eos_ids_for(processor.tokenizer), edge, cloud)
 
 
+def audio_window(edge: str | None) -> tuple[int, float] | None:
+    """The rate (Hz) and the longest clip (s) the edge's feature extractor takes, read from its
+    preprocessor_config.json without loading anything (the checks made before the models load);
+    None when the folder (or the Hub cache) does not hold one."""
+    import json
+
+    edge, _ = with_demo(edge, "-")
+    path: Path | str | None = Path(edge) / "preprocessor_config.json"
+    if not Path(path).is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(edge, "preprocessor_config.json")
+        except Exception:  # not a Hub id
+            path = None
+        if not isinstance(path, str):
+            return None
+    try:
+        config = json.loads(Path(path).read_text())
+        rate = int(config["sampling_rate"])
+        samples = config.get("n_samples") or int(config["chunk_length"]) * rate
+        return rate, float(samples) / rate
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the loader says what is wrong with it
+
+
 def is_url(cloud: str | None) -> bool:
     """--cloud http://HOST:PORT: the cloud runs on a `specdec serve` server."""
     return bool(cloud) and cloud.lower().startswith(("http://", "https://"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .audio import band_limited
 from .errors import RETRYABLE
 from .metrics import punct_density, repeat_rate
 
@@ -97,6 +98,8 @@ def clip_record(pair: ModelPair, settings: Settings, file: str, audio: np.ndarra
     (`segment`), `file` is the recording and the record ends with where the segment is."""
     extra = _context(pair, settings)
     extra["audio_s"] = round(len(audio) / pair.processor.sampling_rate, 3)
+    # Nothing above 4 kHz (a telephone line, an 8 kHz recording): the models may mishear the voice
+    extra["band_limited"] = band_limited(audio, pair.processor.sampling_rate)
     if (pair.remote is not None or pair.cloud_down is not None) and desc.link is not None:
         # Counted at this end of the link: bytes up and down, round trips, time waiting (none when
         # the cloud was down from the start: cloud_url is then the address given).
@@ -135,3 +138,33 @@ def error_record(pair: ModelPair, settings: Settings, file: str, message: str,
     if segment is not None:
         extra.update(segment.fields())
     return build_record(file, None, None, settings.cfg, settings.preset, None, message, **extra)
+
+
+def template_records(pair: ModelPair, settings: Settings) -> list[dict[str, Any]]:
+    """Two records of this run's shape with made-up values, built by `clip_record` and
+    `error_record` themselves: a described clip (every counter 1, and for a remote cloud a link and
+    a fallback, so no field that can hold a number is left None) and a failed one. A table of the
+    run's records (corpus.RecordColumns) takes its columns and their types from these before any
+    clip is described, so every batch, process and worker writes the same schema; a field added to
+    the records shows up here without a word."""
+    import dataclasses
+
+    import numpy as np
+
+    from .decoding.loop import CloudLost, DecodeResult, DecodeStats
+    from .describe import Description
+
+    def ones(cls: type) -> dict[str, Any]:  # 1 in each counter, 1.5 in each float (its type stays a float)
+        return {f.name: 1.5 if "float" in str(f.type) else 1 for f in dataclasses.fields(cls) if f.init}
+
+    stats = DecodeStats(**ones(DecodeStats))
+    remote = pair.remote is not None or pair.cloud_down is not None
+    result = DecodeResult([0], stats, lost=CloudLost("template", "template", 1, 1) if remote else None)
+    link = None
+    if remote:
+        from .remote.client import LinkStats
+
+        link = LinkStats(**ones(LinkStats))
+    audio = np.zeros(pair.processor.sampling_rate, dtype=np.float32)
+    described = clip_record(pair, settings, "template", audio, Description("template", result, 1.0, link))
+    return [described, error_record(pair, settings, "template", "template")]

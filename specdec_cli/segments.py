@@ -4,15 +4,21 @@ segments of at most the window, each described as a clip of its own.
 Where to cut (`plan`): the recording is read once as a stream of mono blocks at its own rate
 (audio.mono_blocks: memory stays at about one window, whatever the length). From the start of what
 is left, a cut goes at most one window ahead and leaves at least the shortest clip (audio.MIN_SECONDS)
-on each side. Within that range it goes in the middle of a pause: librosa.effects.split finds the
-stretches quieter than TOP_DB below the loudest 10 ms of the window, and the cut takes the longest
-pause (of at least MIN_PAUSE_S) in the second half of the range, else the longest one anywhere in
-it, else, for a window of unbroken sound, the quietest 10 ms (librosa.feature.rms) of the second
-half. Cuts fall on the 10 ms grid of that analysis (a segment of a 16 kHz file starts at 12.34 s, not
-12.3400625 s). What is left once it fits the window is the last segment. A segment whose peak is
-below audio.SILENCE_DBFS holds nothing to describe and is left out (a recording of silence alone is
-refused as a silent clip is). The choice depends on the samples alone, never on how they were read
-in blocks, so the same file is always cut the same way: a batch resumes per segment.
+on each side. Within that range it goes in the middle of a pause: a stretch quieter than TOP_DB
+below the loudest 10 ms of the window, or one where the voice-activity detector (speech.py) hears no
+speech (music, noise, a tone between two sentences); the cut takes the longest pause (of at least
+MIN_PAUSE_S) in the second half of the range, else the longest one anywhere in it, else, for a
+window of unbroken speech, the quietest 10 ms of the second half. Cuts fall on the 10 ms grid of that
+analysis (a segment of a 16 kHz file starts at 12.34 s, not 12.3400625 s). What is left once it fits
+the window is the last segment. A segment whose peak is below audio.SILENCE_DBFS, or with less than
+speech.MIN_SPEECH_S of speech, holds nothing to describe and is left out (a recording of silence
+alone is refused as a silent clip is, one without speech as a clip without speech is). The choice
+depends on the samples alone, never on how they were read in blocks, so the same file is always cut
+the same way: a batch resumes per segment.
+
+The loudness is measured here with numpy (librosa.effects.split's and librosa.feature.rms's
+definitions, written out): librosa's helpers are numba-compiled, and a first `--segment` on a
+machine paid the compiling (issue 52: 44 s cold against 16 s warm for a 45 s file; bench/segment_cold.py).
 
 Each segment is then read again, from a second forward pass, as the frames [start, end) of the file
 turned mono and resampled to the model's rate: exactly what describing the file cut at
@@ -38,6 +44,7 @@ from .audio import (
     waveform_mono,
 )
 from .errors import InputError
+from .speech import FRAME_S, MIN_SPEECH_S, THRESHOLD, NoSpeech, probabilities
 
 if TYPE_CHECKING:
     import numpy as np
@@ -113,6 +120,7 @@ def plan(blocks: Iterable[np.ndarray], rate: int, window_s: float, min_s: float 
     count, start, ended = 0, 0, False
     spans: list[tuple[int, int]] = []
     heard = False
+    spoken = 0.0  # seconds of speech found in the stretches that were not silent
 
     while True:
         while not ended and count < window + least:
@@ -123,19 +131,24 @@ def plan(blocks: Iterable[np.ndarray], rate: int, window_s: float, min_s: float 
                 held.append(block)
                 count += len(block)
         rest = held[0] if len(held) == 1 else np.concatenate(held) if held else np.zeros(0, dtype=np.float32)
+        region = rest[:window]
+        speech = _speech(region, rate) if len(region) else np.zeros(0, dtype=bool)
         if ended and count <= window:
             cut = count
         else:
             # Not the end: at least `least` follows anyway; at the end, leave `least` for the last.
             last = min(window, count - least) if ended else window
-            cut = _cut(rest[:window], rate, least, last, hop, start)
+            cut = _cut(region, rate, least, last, hop, start, speech)
         if cut == 0:
             break
         if cut < least:  # only a whole recording shorter than a clip
             raise InputError(f"{name} is {cut / rate:.3f} s long; give a clip of at least {min_s:g} s")
         if float(np.abs(rest[:cut]).max()) >= 10 ** (SILENCE_DBFS / 20):
-            spans.append((start, start + cut))
             heard = True
+            said = float(speech[:math.ceil(cut / rate / FRAME_S)].sum()) * FRAME_S
+            spoken += said
+            if said >= MIN_SPEECH_S:
+                spans.append((start, start + cut))
         start, count = start + cut, count - cut
         held = [rest[cut:]] if count else []
         if ended and not count:
@@ -145,16 +158,50 @@ def plan(blocks: Iterable[np.ndarray], rate: int, window_s: float, min_s: float 
     if not heard:
         raise InputError(f"{name} is silent (peak below {SILENCE_DBFS:g} dBFS); nothing to describe: check the "
                          "recording")
+    if not spans:
+        raise NoSpeech(f"{name} holds no speech to describe: a voice-activity detector found {spoken:.2f} s of "
+                       f"speech in its {start / rate:.1f} s, never {MIN_SPEECH_S:g} s in one segment (music, "
+                       "tones and noise hold none); give a recording of someone speaking")
     return spans
 
 
-def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int, offset: int = 0) -> int:
-    """Where to cut `region` (the window from the current start, frame `offset` of the file), in [lo, hi]."""
-    import librosa
+def _speech(region: np.ndarray, rate: int) -> np.ndarray:
+    """Whether each 32 ms frame of `region` (speech.FRAME_S, from its start) is speech."""
+    return probabilities(region, rate) >= THRESHOLD
+
+
+def _loudness_db(region: np.ndarray, frame: int, hop: int) -> np.ndarray:
+    """Each 10 ms frame's RMS in dB below the loudest one's: librosa.feature.rms (centred frames,
+    zero-padded) and amplitude_to_db(ref=np.max, amin=1e-5), in numpy (see the module doc)."""
+    import numpy as np
+
+    padded = np.pad(region.astype(np.float64), frame // 2)
+    # Each frame's sum of squares from one running sum: no [frames x frame] array (at 384 kHz, 180 MB).
+    total = np.concatenate([[0.0], np.cumsum(np.square(padded))])
+    starts = np.arange(0, len(padded) - frame + 1, hop)
+    rms = np.sqrt(np.maximum(total[starts + frame] - total[starts], 0.0) / frame)
+    level = 20.0 * np.log10(np.maximum(1e-5, rms))
+    return level - 20.0 * np.log10(max(1e-5, float(rms.max()) if len(rms) else 0.0))
+
+
+def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int, offset: int = 0,
+         speech: np.ndarray | None = None) -> int:
+    """Where to cut `region` (the window from the current start, frame `offset` of the file), in [lo, hi];
+    `speech`: whether each 32 ms frame of it is speech (None: all of it, so only quiet makes a pause)."""
     import numpy as np
 
     frame = FRAME_HOPS * hop
-    sound = librosa.effects.split(region, top_db=TOP_DB, frame_length=frame, hop_length=hop)
+    level = _loudness_db(region, frame, hop)
+    sounding = level > -TOP_DB
+    if speech is not None and len(speech):
+        # A 10 ms frame sounds when it is loud enough and inside a 32 ms frame of speech.
+        at = np.minimum((np.arange(len(sounding)) * hop / rate / FRAME_S).astype(int), len(speech) - 1)
+        sounding &= speech[at]
+    # The stretches that sound, as librosa.effects.split gives them: [start, end) in samples.
+    changes = np.flatnonzero(np.diff(sounding.astype(np.int8))) + 1
+    bounds = np.concatenate([[0] if len(sounding) and sounding[0] else [], changes,
+                             [len(sounding)] if len(sounding) and sounding[-1] else []]).astype(int)
+    sound = np.minimum(bounds * hop, len(region)).reshape(-1, 2)
     edges = [0, *sound.ravel().tolist(), len(region)]
     pauses = [(b - a, (a + b) // 2) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
     in_range = [(length, middle) for length, middle in pauses if lo <= middle <= hi]
@@ -164,7 +211,7 @@ def _cut(region: np.ndarray, rate: int, lo: int, hi: int, hop: int, offset: int 
         if pool:
             return _on_grid(max(pool)[1], lo, hi, rate, offset)  # the longest pause; of equals, the later
     # Unbroken sound: the quietest 10 ms of the second half (of equals, the later).
-    rms = librosa.feature.rms(y=region, frame_length=frame, hop_length=hop)[0]
+    rms = level  # the same order as the RMS itself
     frames = np.arange(len(rms))
     allowed = (frames * hop >= half) & (frames * hop <= hi)
     candidates = frames[allowed]

@@ -259,24 +259,35 @@ class PairSpec:
     @classmethod
     def of(cls, edge: str | None = None, cloud: str | None = None, device: str = "cpu", dtype: str = "float32",
            presets: str | Path | None = None, *, edge_device: str | None = None,
-           cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str = "lazy",
+           cloud_device: str | None = None, cloud_timeout: float | None = None, upload: str | None = None,
            on_cloud_failure: str = "fail", cloud_deadline: float | None = None,
-           cloud_needed: bool = True, depth: int | str = 1) -> PairSpec:
+           cloud_needed: bool = True, depth: int | str | None = None) -> PairSpec:
         """Check what can be checked without loading (the dtype, the presets file, the model
         folders) and ask a remote cloud who it is. A cloud that is down: with `on_cloud_failure`
         "edge", or when the run needs no cloud (`cloud_needed` False: --mode edge), the spec says so
         (`cloud_down`) and the run describes on the edge; else CloudUnreachable (exit 2), whose line
-        names `--mode edge`."""
+        names `--mode edge`. `upload` and `depth` go with a remote cloud only (None: not given; then
+        lazy, and depth REMOTE_DEPTH with a remote cloud): given without one, they are refused."""
         dtype_name(dtype)
         if cloud_timeout is not None:
             from .remote.exchange import cloud_timeout as checked_timeout
 
             checked_timeout(cloud_timeout)  # nan, inf, 0: exit 2 before loading
-        if upload not in ("eager", "lazy", "auto"):
+        if upload is not None and upload not in ("eager", "lazy", "auto"):
             raise InputError(f"--upload {upload} is not a choice; give --upload eager, lazy or auto")
-        from .decoding.block_length import parse_depth
+        from .decoding.block_length import REMOTE_DEPTH, parse_depth
 
-        depth = parse_depth(depth)  # 1..4 or auto, else one line, exit 2, before loading
+        given_depth = parse_depth(depth) if depth is not None else None  # 1..4 or auto, else one line, exit 2
+        if not is_url(with_demo(edge, cloud)[1]):
+            # Options that cannot apply are refused, not ignored (issue 52): with the cloud in this
+            # process nothing goes up and a verdict comes back at once.
+            for flag, value, why in (("--upload", upload, "no clip goes up"),
+                                     ("--depth", depth, "a verdict comes back at once, with nothing to overlap")):
+                if value is not None:
+                    raise InputError(f"{flag} goes with --cloud http://…; with the cloud in this process {why}: "
+                                     f"leave {flag} out")
+        upload = upload or "lazy"
+        depth = given_depth if given_depth is not None else REMOTE_DEPTH
         from .describe import CloudPolicy
 
         CloudPolicy(on_cloud_failure, cloud_deadline)  # a bad choice or deadline: exit 2 before loading

@@ -3,6 +3,7 @@ installed `specdec` command. (The fixtures are in cli_fixtures.py.)"""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -24,12 +25,40 @@ SR = 16000
 FAST = ["--max-new-tokens", "12"]
 
 
+# Bundled samples with speech from end to end (few pauses): what `tone` cuts its clips from.
+_SPEECH = ("f_fast_low.wav", "f_mid_mid_loud.wav", "m_mid_high.wav")
+
+
+@functools.cache
+def _speech(sr: int) -> np.ndarray:
+    import wave
+
+    import soxr
+
+    parts = []
+    for name in _SPEECH:
+        # The standard library's reader: a test spying on soundfile's reads does not count these.
+        with wave.open(str(_REPO / "samples" / name)) as w:
+            assert (w.getsampwidth(), w.getnchannels(), w.getframerate()) == (2, 1, SR)
+            x = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+        # Its loud 10 ms stretches only (within 25 dB of the loudest): any cut of it is speech.
+        frames = x[: len(x) // 160 * 160].reshape(-1, 160)
+        level = np.sqrt(np.mean(frames**2, axis=1))
+        parts.append(frames[level > level.max() * 10 ** (-25 / 20)].ravel())
+    x = np.concatenate(parts)
+    return x if sr == SR else soxr.resample(x, SR, sr).astype(np.float32)
+
+
 def tone(seconds: float = 1.0, sr: int = SR, channels: int = 1, amplitude: float = 0.3, seed: int = 0) -> np.ndarray:
-    """A voiced-ish test signal: a 140 Hz tone with a little noise. [frames] or [frames, channels]."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(sr * seconds)) / sr
-    x = amplitude * np.sin(2 * np.pi * (140 + 20 * seed) * t) + amplitude * 0.1 * rng.standard_normal(t.shape)
-    x = x.astype(np.float32)
+    """A test clip: a stretch of speech (the bundled samples; since issue 52 a tone is refused as no
+    speech), `seed` choosing where it starts, looped when longer than they are, its peak at
+    `amplitude` (0: digital silence). [frames] or [frames, channels]."""
+    source = _speech(sr)
+    n = int(sr * seconds)
+    start = int((0.4 + seed * 0.73) * sr) % len(source)  # 0.4 s: past the first sample's lead-in
+    x = np.resize(np.roll(source, -start), n)
+    peak = float(np.abs(x).max()) if n else 0.0
+    x = (x * (amplitude / peak) if peak else x).astype(np.float32)
     return x if channels == 1 else np.stack([x * (0.5 + 0.5 * c / channels) for c in range(channels)], axis=1)
 
 

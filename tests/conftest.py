@@ -3,6 +3,8 @@ with a small generated tokenizer."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -67,6 +69,21 @@ def clip(seed: int = 0, seconds: float = 1.0) -> np.ndarray:
     t = np.arange(int(16000 * seconds)) / 16000
     tone = 0.3 * np.sin(2 * np.pi * (120 + 40 * seed) * t)
     return (tone + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def speech_clip(seed: int = 0, seconds: float = 1.0) -> np.ndarray:
+    """`seconds` of a bundled sample's speech (a different sample per seed, from 0.3 s in): what a
+    file given to a command must hold since the speech check (a tone is refused as no speech)."""
+    import soundfile as sf
+
+    files = sorted(SAMPLES.glob("*.wav"))
+    data, rate = sf.read(str(files[seed % len(files)]), dtype="float32")
+    assert rate == 16000
+    start = int(0.3 * rate)
+    return data[start:start + int(seconds * rate)]
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 80
 # Cursor moves and colours (the live view redraws in place), and the OSC sequences of links.
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-COMMANDS = ["describe", "batch", "presets", "serve", "eval", "calibrate"]
+COMMANDS = ["describe", "batch", "presets", "serve", "eval", "calibrate", "ui"]
 
 
 def run(*args: str, terminal: bool = False):

@@ -181,7 +181,8 @@ def test_an_m4a_still_decodes_through_pyav(tmp_path):
 def test_huge_finite_samples_are_refused_in_one_line(tmp_path):
     """Issue 42: a float WAV of 1e20 samples (finite, so past the NaN check) overflowed the features:
     `describe --sample` printed `unexpected IndexError`, without --sample a description of `$$$…`.
-    Refused now, before the model, in one line; int16's scale in a float file (±32768) still passes."""
+    Refused now, before the model, in one line; int16's scale in a float file (±32768) still passes
+    (read as 16-bit PCM since issue 52: tests/test_scale_check.py)."""
     huge = tmp_path / "huge.wav"
     sf.write(str(huge), np.full(SR, 1e20, np.float32), SR, subtype="FLOAT")
     with pytest.raises(InputError, match=r"holds samples up to 1e\+20, over 100000 times full scale"):

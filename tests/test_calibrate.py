@@ -223,3 +223,28 @@ def test_one_clip_per_half_is_said_as_one_clip(tmp_path, models):
     assert "calibration half (1 clip) · check half (1 clip)" in result.stdout
     assert "calibrate: chose on 1 clip, checked on 1" in result.stderr
     assert "the choice rests on 1 calibration clip (checked on 1)" in result.stderr
+
+
+def test_labels_that_leave_attributes_out_are_scored_and_counted(tmp_path, models):
+    """Issue 51: what demo.measure writes (an ambiguous attribute left out of `labels`) is read; a
+    clip whose every attribute is left out has nothing to score and is left out with a note."""
+    folder = tmp_path / "mine"
+    partial = [LABELS, {a: v for a, v in LABELS.items() if a != "volume"},
+               {a: v for a, v in LABELS.items() if a not in ("gender", "pitch", "emotion")}, {}]
+    for i in range(4):
+        write_clip(folder / f"c{i}.wav", seconds=0.6, seed=i)
+    (folder / "labels.jsonl").write_text("".join(json.dumps({"file": f"c{i}.wav", "labels": lab}, ensure_ascii=False)
+                                                 + "\n" for i, lab in enumerate(partial)), encoding="utf-8")
+    out = tmp_path / "presets.toml"
+    result = invoke("calibrate", str(folder), "--labels", str(folder / "labels.jsonl"), "--out", str(out),
+                    "--no-gate", *models, *FAST)
+    assert result.exit_code == 0, result.stderr
+    assert f"note: {folder / 'labels.jsonl'} labels no attribute of 1 clip, left out: c3.wav" in result.stderr
+    assert "calibration half (2 clips) · check half (1 clip)" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert "labels left out: gender 1, pitch 1, volume 1, emotion 1 of 3 clips" in said
+    assert "each attribute over the clips labelled for it" in said
+    assert "# labels left out: gender 1, pitch 1, volume 1, emotion 1 of 3 clips" in out.read_text(encoding="utf-8")
+    # the calibration half (c0 all six, c2 without gender, pitch, emotion): gender on one clip of two, so one
+    # attribute of one clip moves its quality by up to 100 / (6 x 1) points
+    assert "moves quality by up to 16.7 points" in " ".join(result.stderr.split())

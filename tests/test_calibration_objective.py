@@ -158,3 +158,68 @@ def test_chains_must_name_candidates_once():
     for bad in ([["a", "a"]], [["a"], ["a", "b"]], [["c"]]):
         with pytest.raises(ValueError):
             select(cands, _setting(4, 0, 9), 1.0, chains=bad)
+
+
+# -- labels that leave attributes out (issue 51, item 3) -------------------------------------------
+
+FULL = {"gender": "女声", "rate": "语速较快", "pitch": "音调偏高", "volume": "音量适中", "pauses": "停顿较少",
+        "emotion": "情绪激动"}
+
+
+def _without(*attrs: str) -> dict[str, str]:
+    return {a: v for a, v in FULL.items() if a not in attrs}
+
+
+def test_weights_make_the_mean_clip_quality_the_mean_per_attribute_accuracy():
+    """Three clips: A labels all six, B leaves volume out (ambiguous), C leaves gender, pitch and
+    emotion out (no declared gender). Per attribute, clips labelled: gender 2 (A, B), rate 3, pitch
+    2, volume 2 (A, C), pauses 3, emotion 2; m = 6 attributes. Weight n / (m n_a): 3/12 = 1/4 for
+    the attributes on two clips, 3/18 = 1/6 for rate and pauses.
+    Right: A all six; B gender wrong, the other four right; C rate wrong, volume and pauses right.
+    Per attribute: gender 1/2, rate 2/3, pitch 2/2, volume 2/2, pauses 3/3, emotion 2/2; their
+    mean (1/2 + 2/3 + 4) / 6 = 31/36. Clip qualities: A 4/4 + 2/6 = 4/3; B 1/6 + 1/4 + 1/6 + 1/4
+    (rate, pitch, pauses, emotion) = 5/6; C 1/4 + 1/6 (volume, pauses) = 5/12. Mean (16 + 10 + 5)
+    / 36 = 31/36."""
+    from fractions import Fraction
+
+    from specdec_cli.calibration_objective import attribute_weights, weighted_quality
+
+    labels = [FULL, _without("volume"), _without("gender", "pitch", "emotion")]
+    weights = attribute_weights(labels)
+    quarter, sixth = Fraction(1, 4), Fraction(1, 6)
+    assert weights[0] == {"gender": quarter, "rate": sixth, "pitch": quarter, "volume": quarter, "pauses": sixth,
+                          "emotion": quarter}
+    assert weights[1] == {"gender": quarter, "rate": sixth, "pitch": quarter, "pauses": sixth, "emotion": quarter}
+    assert weights[2] == {"rate": sixth, "volume": quarter, "pauses": sixth}
+    right = [dict.fromkeys(FULL, True),
+             {"gender": False, "rate": True, "pitch": True, "volume": None, "pauses": True, "emotion": True},
+             {"gender": None, "rate": False, "pitch": None, "volume": True, "pauses": True, "emotion": None}]
+    qualities = [weighted_quality(c, w) for c, w in zip(right, weights, strict=True)]
+    assert qualities == pytest.approx([4 / 3, 5 / 6, 5 / 12])
+    assert sum(qualities) / 3 == pytest.approx(31 / 36)
+
+
+def test_with_every_attribute_labelled_a_clip_is_the_share_it_got_right_exactly():
+    """k of six right is k/6 as a float, as before partial labels (not a sum of rounded sixths:
+    six times the float 1/6 is 0.9999999999999999)."""
+    from specdec_cli.calibration_objective import attribute_weights, weighted_quality
+
+    [weights] = attribute_weights([FULL])
+    for k in range(7):
+        correct = {a: i < k for i, a in enumerate(FULL)}
+        assert weighted_quality(correct, weights) == k / 6
+
+
+def test_the_unit_is_one_attribute_of_one_clip_as_the_labels_weigh_it():
+    """All six on every clip: 100/6. No gender anywhere (three attributes labelled: rate, volume,
+    pauses, on every clip): 100/3. Six attributes, each on 3 of 4 clips: the smallest weight
+    4 / (6 x 3) = 2/9, 22.2 points."""
+    from specdec_cli.calibration_objective import attribute_unit
+
+    assert attribute_unit([FULL] * 5) == ONE_ATTRIBUTE
+    assert attribute_unit([_without("gender", "pitch", "emotion")] * 4) == pytest.approx(100 / 3)
+    # rate and volume on two clips of four, gender on all four: its weight 4 / (6 x 4) is the smallest
+    partial = [FULL, _without("rate"), _without("volume"), _without("rate", "volume")]
+    assert attribute_unit(partial) == ONE_ATTRIBUTE
+    three_of_four = [_without("gender"), _without("rate"), _without("pitch", "volume"), _without("pauses", "emotion")]
+    assert attribute_unit(three_of_four) == pytest.approx(100 * 4 / (6 * 3))

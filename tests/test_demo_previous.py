@@ -16,7 +16,7 @@ from specdec_cli.demo import previous
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("pair", ["v2", "v3"])
+@pytest.mark.parametrize("pair", ["v2", "v3", "v4", "v5"])
 def test_an_earlier_pair_is_rebuilt_bit_for_bit_as_a_real_process(pair, tmp_path):
     done = subprocess.run([sys.executable, "-m", "specdec_cli.demo.previous", pair, str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -277,3 +277,53 @@ def test_history_json_is_the_runs_evals_and_renders_as_the_docs_quote_them(corpu
     last = h["evals"][-1]["val"]["acc"]["all"]
     assert final[2] == ("| training voices (6) | " + " | ".join(f"{100 * last[a]:.1f}" for a in
                         ("gender", "rate", "pitch", "volume", "pauses", "emotion")) + f" | {100 * last['mean']:.1f} |")
+
+
+# --- demo pair v5 (issue 51): warm starts, held-out attributes left out ---------------------------
+def test_a_warm_start_begins_from_the_named_runs_weights_and_is_part_of_the_identity(corpus, tmp_path):
+    base = train("base", TINY, tmp_path / "runs" / "base", corpus, log=_quiet)
+    warm = replace(TINY, init="base", steps=2, eval_every=2)
+    # zero steps: the model is the base run's, bit for bit
+    st = train("warm", warm, tmp_path / "runs" / "warm", corpus, stop_after=0, log=_quiet, init_runs=tmp_path / "runs")
+    for k, v in base["model"].items():
+        assert torch.equal(v, st["model"][k]), k
+    assert st["identity"]["init"] and st["identity"]["recipe"]["init"] == "base"
+    # a resume keeps its own weights (not the base's again), and another base is refused
+    st = train("warm", warm, tmp_path / "runs" / "warm", corpus, stop_after=1, log=_quiet, init_runs=tmp_path / "runs")
+    assert st["step"] == 1 and not all(torch.equal(v, st["model"][k]) for k, v in base["model"].items())
+    train("base", replace(TINY, lr=2e-3), tmp_path / "other" / "base", corpus, log=_quiet)
+    with pytest.raises(SystemExit, match="another init"):
+        train("warm", warm, tmp_path / "runs" / "warm", corpus, log=_quiet, init_runs=tmp_path / "other")
+    # a run started from scratch differs from the warm one at step 0
+    cold = train("cold", TINY, tmp_path / "cold", corpus, stop_after=0, log=_quiet)
+    assert not all(torch.equal(v, cold["model"][k]) for k, v in base["model"].items())
+
+
+def test_held_out_attributes_left_out_are_not_scored(corpus, tmp_path):
+    """evaluate_tf over a set where some clips leave an attribute out: each attribute is scored over
+    the clips labelled for it (the counts hand-computed from the shard), and the scores are those of
+    the same clips with that attribute dropped from the set."""
+    from specdec_cli.demo.tokenizer import build_qwen_style_tokenizer
+    from specdec_cli.demo.train import AttributeSpans, Corpus, build_model, evaluate_tf
+
+    root = tmp_path / "c"
+    root.mkdir()
+    _shard(root, "val-000", 6, 3)
+    metas = json.loads((root / "val-000.json").read_text(encoding="utf-8"))
+    full = [dict(m, labels=dict(m["labels"])) for m in metas]
+    for k in (1, 4):  # two clips leave rate out, one pitch too
+        del metas[k]["labels"]["rate"]
+    del metas[4]["labels"]["pitch"]
+    (root / "val-000.json").write_text(json.dumps(metas, ensure_ascii=False), encoding="utf-8")
+    tok = build_qwen_style_tokenizer()
+    model = build_model(TINY, tok)
+    got = evaluate_tf(model, Corpus("val", tok, AttributeSpans(tok), root))
+    assert got["clips"] == 6 and got["scored"]["rate"] == 4 and got["scored"]["pitch"] == 5
+    assert got["scored"]["gender"] == 6
+    # the oracle: each attribute's accuracy over the fully labelled copy of the clips it was scored on
+    (root / "val-000.json").write_text(json.dumps(full, ensure_ascii=False), encoding="utf-8")
+    hits = []
+    for i in (0, 2, 3, 5):
+        (root / "val-000.json").write_text(json.dumps([full[i]], ensure_ascii=False), encoding="utf-8")
+        hits.append(evaluate_tf(model, Corpus("val", tok, AttributeSpans(tok), root))["acc"]["all"]["rate"])
+    assert got["acc"]["all"]["rate"] == pytest.approx(sum(hits) / 4)

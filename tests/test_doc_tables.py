@@ -355,3 +355,34 @@ def test_capacity_table_of_a_run_where_cloud_only_never_met_its_slo():
     assert cloud.split(" | ")[2] == "—" and "4.0 (1.00)" in cloud
     quality = next(r for r in rows if r.startswith("| quality"))
     assert "9.9 (2.45)" in quality
+
+
+def _only(means: dict[str, dict[str, float]]) -> dict:
+    """An `evaluate_pair --only` JSON whose every attribute equals the given mean per set/channel."""
+    attrs = ("gender", "rate", "pitch", "volume", "pauses", "emotion")
+    return {"sets": {s: {c: {"all": {**{a: m for a in attrs}, "mean": m}} for c, m in chans.items()}
+                     for s, chans in means.items()}}
+
+
+def test_channel_goals_rows_and_verdicts_are_hand_computed():
+    t = tables_module()
+    chans = ("clean", "telephone", "codec", "room", "far field")
+    before = _only({s: dict.fromkeys(chans, 0.5) for s in ("val", "val_voices", "val_synth")})
+    after = _only({"val": {"clean": 0.975, "telephone": 0.95, "codec": 0.97, "room": 0.96, "far field": 0.946},
+                   "val_voices": {"clean": 0.92, **dict.fromkeys(chans[1:], 0.92)},
+                   "val_synth": {"clean": 0.95, "telephone": 0.90, **dict.fromkeys(chans[2:], 0.95)}})
+    rows = t.channel_goals(before, after)
+    assert rows[2].startswith("| training voices | 50.0 → 97.5 | 50.0 → 95.0 |") and rows[2].endswith("**met** |")
+    assert "**not met** (clean 92.0 < 93)" in rows[3]  # held-out voices: the clean bar
+    assert "**not met** (a channel 5.0 points below clean)" in rows[4]  # flite: telephone 5 points down
+
+
+def test_human_groups_counts_gender_per_speaker_group():
+    t = tables_module()
+    summary = {"cloud": {"mean_accuracy": 0.8, "groups": {
+        "asterisk-core-sounds-en-wav (en_US_f_Allison)": {"gender": {"correct": 38, "scored": 40}},
+        "kajongg": {"gender": {"correct": 9, "scored": 10}}}}}
+    doc = {"label": "v5", "summary": summary, "channels": {"clean": summary, "telephone": summary}}
+    rows = t.human_groups(doc)
+    assert rows[0] == "| pair | channel | mode | en_US_f_Allison | kajongg | mean of all attributes |"
+    assert rows[2] == "| v5 | clean | cloud | 38/40 | 9/10 | 80.0 % |" and rows[3].startswith("| v5 | telephone |")

@@ -16,7 +16,7 @@ goes in a `bash` block, with no output; no other block may show `$ ` lines (chec
 What legitimately varies is compared loosely, on both sides alike: absolute paths up to
 `specdec_cli/` (shown as `…/specdec_cli/`), the temporary folder, a decimal number of seconds
 (`0.12 s`, latency and waiting), the seconds of a batch's progress line (`1 s elapsed, about 5 s
-left`), `tokens/s` figures, pids, the port of a background server, runs of
+left`), `tokens/s` and `rows/s` figures (and a corpus run's `N rows in N s`), pids, the port of a background server, runs of
 spaces (a table's padding follows the width of the numbers in it), and in a JSON record the fields
 `latency_s`, `tokens_per_s`, `cloud_wait_s` and `latency_modelled_s`. Other decimals may differ by
 0.011 (entropies printed to two places may round apart on another CPU's float kernels, as in
@@ -244,6 +244,8 @@ def normal(line: str) -> str:
     line = re.sub(r"\d+\.\d+ s\b", "# s", line)
     line = re.sub(r"\b\d+ s elapsed, about \d+ s left", "# s elapsed, about # s left", line)
     line = re.sub(r"tokens/s(\s+)\d+(\.\d+)?", r"tokens/s\1#", line)
+    line = re.sub(r"\d+(\.\d+)? rows/s", "# rows/s", line)  # a corpus run's rate
+    line = re.sub(r"\brows in \d+ s\b", "rows in # s", line)
     line = re.sub(r"\bpid \d+", "pid #", line)
     return re.sub(r"\s+", " ", line).strip()
 

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 import torch
 from cli_helpers import run_specdec
-from conftest import clip
+from conftest import clip, speech_clip
 from typer.testing import CliRunner
 
 from specdec_cli.commands.app import app
@@ -20,11 +20,16 @@ from specdec_cli.evaluate import (
     EvalMode,
     LabelledClip,
     add_speedups,
+    attribute_counts,
+    build_report,
     evaluate_clip,
+    labels_file,
     latency_stats,
+    markdown,
     mode_configs,
     parse_modes,
     parse_sweep,
+    partial_resolution,
     read_labels,
     score,
     sentence_valid,
@@ -178,6 +183,86 @@ def test_parse_sweep():
             parse_sweep(bad)
 
 
+# -- labels that leave attributes out (issue 51, item 3) -------------------------------------------
+
+def _without(*attrs: str) -> dict[str, str]:
+    return {a: v for a, v in LABELS.items() if a not in attrs}
+
+
+def test_an_attribute_left_out_is_not_judged():
+    # the sentence says 男声 and 音调偏低, both against the labels; neither is labelled here
+    s = score(RIGHT.replace("女声", "男声").replace("音调偏高", "音调偏低"), _without("gender", "pitch", "emotion"))
+    assert s["correct"] == {"gender": None, "rate": True, "pitch": None, "volume": True, "pauses": True,
+                            "emotion": None}
+    assert s["all_correct"] is True  # every labelled attribute right
+    assert score(RIGHT.replace("语速较快", "语速较慢"), _without("volume"))["all_correct"] is False
+
+
+def test_each_attribute_is_scored_over_the_clips_labelled_for_it():
+    """Four clips. 1: all six labelled, all right. 2: volume left out; gender wrong. 3: gender,
+    pitch, emotion left out; rate wrong. 4: all six labelled, failed (all wrong).
+    Labelled: gender on 1, 2, 4 (right on 1): 1/3; rate on all four (right on 1, 2): 1/2; pitch on
+    1, 2, 4 (right on 1, 2): 2/3; volume on 1, 3, 4 (right on 1, 3): 2/3; pauses on all four (right on
+    1-3): 3/4; emotion on 1, 2, 4 (right on 1, 2): 2/3. Every labelled attribute right: clip 1 only."""
+    mode = EvalMode("cloud", DecodingConfig(mode="cloud"))
+    texts = [RIGHT, RIGHT.replace("女声", "男声"), RIGHT.replace("语速较快", "语速适中"), None]
+    labels = [LABELS, _without("volume"), _without("gender", "pitch", "emotion"), LABELS]
+    records = []
+    for i, (text, lab) in enumerate(zip(texts, labels, strict=True)):
+        r = _record("cloud", {}, error=None if text else "RuntimeError: boom")
+        r.update(score(text, lab), file=f"c{i}.wav", labels=lab)
+        records.append(r)
+    s = summarize(records, mode)
+    assert s["accuracy"] == pytest.approx({"gender": 1 / 3, "rate": 1 / 2, "pitch": 2 / 3, "volume": 2 / 3,
+                                           "pauses": 3 / 4, "emotion": 2 / 3})
+    assert s["scored"] == {"gender": 3, "rate": 4, "pitch": 3, "volume": 3, "pauses": 4, "emotion": 3}
+    assert s["mean_accuracy"] == pytest.approx((1 / 3 + 1 / 2 + 2 / 3 + 2 / 3 + 3 / 4 + 2 / 3) / 6)
+    assert s["all_correct_rate"] == 0.25
+    report = build_report(records, [mode], edge="e", cloud="c", samples="s", labels="l.jsonl", settings={})
+    assert report["attributes"] == {"gender": {"scored": 3, "left_out": 1}, "rate": {"scored": 4, "left_out": 0},
+                                    "pitch": {"scored": 3, "left_out": 1}, "volume": {"scored": 3, "left_out": 1},
+                                    "pauses": {"scored": 4, "left_out": 0}, "emotion": {"scored": 3, "left_out": 1}}
+    # one attribute of one clip moves the mean by up to 100 / (6 x 3) points (the attributes on 3 clips)
+    assert partial_resolution(report) == (pytest.approx(100 / 18), 17)
+    md = markdown(report)
+    assert "| clips scored | 3 | 4 | 3 | 3 | 4 | 3 |" in md and "| left out | 1 | 0 | 1 | 1 | 0 | 1 |" in md
+    assert "all right" in md and "all six" not in md
+
+
+def test_complete_labels_report_as_before():
+    mode = EvalMode("cloud", DecodingConfig(mode="cloud"))
+    r = _record("cloud", {})
+    r.update(score(RIGHT, LABELS), labels=LABELS)
+    report = build_report([r], [mode], edge="e", cloud="c", samples="s", labels="l.jsonl", settings={})
+    assert all(c == {"scored": 1, "left_out": 0} for c in report["attributes"].values())
+    md = markdown(report)
+    assert "all six" in md and "clips scored" not in md
+
+
+def test_a_labels_file_may_leave_attributes_out(tmp_path):
+    """What demo.measure writes: ambiguous attributes left out of `labels` (and listed beside)."""
+    lines = [{"file": "a.wav", "labels": _without("rate"), "ambiguous": ["rate"]},
+             {"file": "b.wav", "labels": {}, "ambiguous": ["rate", "volume", "pauses"]},  # nothing to score
+             {"file": "c.wav", "labels": {"volume": "音量较小"}}]
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines),
+                                           encoding="utf-8")
+    read = labels_file(tmp_path / "labels.jsonl", tmp_path)
+    assert [(c.file, c.labels) for c in read.clips] == [("a.wav", _without("rate")), ("c.wav", {"volume": "音量较小"})]
+    assert read.unlabelled == ["b.wav"]
+    assert attribute_counts([c.labels for c in read.clips]) == {
+        "gender": {"scored": 1, "left_out": 1}, "rate": {"scored": 0, "left_out": 2},
+        "pitch": {"scored": 1, "left_out": 1}, "volume": {"scored": 2, "left_out": 0},
+        "pauses": {"scored": 1, "left_out": 1}, "emotion": {"scored": 1, "left_out": 1}}
+    # a label that is there must still be a canonical phrase
+    (tmp_path / "labels.jsonl").write_text(json.dumps({"file": "a.wav", "labels": {"rate": "很快"}}) + "\n",
+                                           encoding="utf-8")
+    with pytest.raises(InputError, match=r"labels.jsonl:1: rate label '很快' is not one of"):
+        labels_file(tmp_path / "labels.jsonl", tmp_path)
+    (tmp_path / "labels.jsonl").write_text(json.dumps({"file": "b.wav", "labels": {}}) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match="lists no clip with a label"):
+        labels_file(tmp_path / "labels.jsonl", tmp_path)
+
+
 def test_parse_modes():
     assert parse_modes("edge, cloud,always,edge") == ["edge", "cloud", "always"]
     with pytest.raises(InputError, match="spec"):
@@ -200,7 +285,7 @@ def test_read_labels_errors(tmp_path):
     good = {"file": "a.wav", "labels": LABELS}
     cases = {
         "not json": "{oops",
-        "no label": json.dumps({"file": "a.wav", "labels": {k: v for k, v in LABELS.items() if k != "pauses"}}),
+        "null label": json.dumps({"file": "a.wav", "labels": {**LABELS, "pauses": None}}),
         "not canonical": json.dumps({"file": "a.wav", "labels": {**LABELS, "gender": "男的"}}),
     }
     for line in cases.values():
@@ -249,7 +334,7 @@ def tiny_pair(tmp_path_factory, edge, cloud, processor):
     clips.mkdir()
     lines = []
     for i in range(2):
-        sf.write(clips / f"c{i}.wav", clip(i, 1.0), 16000)
+        sf.write(clips / f"c{i}.wav", speech_clip(i, 1.0), 16000)
         lines.append(json.dumps({"file": f"c{i}.wav", "labels": LABELS}, ensure_ascii=False))
     (clips / "labels.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
@@ -338,3 +423,31 @@ def test_modelled_latency_is_never_slept(tiny_pair):
     row = json.loads(result.stdout)["modes"][0]
     assert row["latency_s"]["mean"] < 10 and math.isclose(
         row["modelled_latency_s"]["mean"], row["latency_s"]["mean"] + 10, rel_tol=1e-9)
+
+
+def test_eval_with_attributes_left_out_says_how_many_and_fits_80_columns(tiny_pair, tmp_path):
+    """The per-attribute table with the clips scored and left out, on an 80-column terminal."""
+    import re
+
+    from rich.cells import cell_len
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    partial = [LABELS, _without("volume"), {}]
+    for i in range(len(partial)):
+        sf.write(clips / f"c{i}.wav", speech_clip(i, 1.0), 16000)
+    (clips / "labels.jsonl").write_text("".join(json.dumps({"file": f"c{i}.wav", "labels": lab}, ensure_ascii=False)
+                                                + "\n" for i, lab in enumerate(partial)), encoding="utf-8")
+    args = ["eval", str(clips), "--edge", str(tiny_pair / "edge"), "--cloud", str(tiny_pair / "cloud"),
+            "--max-new-tokens", "12", "--modes", "edge,cloud"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80", "NO_COLOR": "1", "TTY_COMPATIBLE": "1",
+                                                "TERMINAL_WIDTH": None})
+    assert result.exit_code == 0, result.output
+    lines = re.split(r"\r\n|\n|\r", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", result.output))
+    assert not [line for line in lines if cell_len(line) > 80]
+    said = " ".join(result.output.split())
+    assert "labels no attribute of 1 clip, left out: c2.wav" in said
+    assert "left out: volume 1 of 2 clips" in said
+    table = result.stdout[result.stdout.index("accuracy per attribute"):]
+    assert re.search(r"clips scored\s+2\s+2\s+2\s+1\s+2\s+2", table) and re.search(r"left out\s+0\s+0\s+0\s+1\s+0\s+0", table)
+    assert "right" in result.stdout and "six" not in result.stdout  # "all right": every labelled one

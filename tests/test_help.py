@@ -6,7 +6,7 @@ import re
 import pytest
 from cli_helpers import run_specdec
 
-COMMANDS = ["describe", "batch", "presets", "serve", "eval", "calibrate"]
+COMMANDS = ["describe", "batch", "presets", "serve", "eval", "calibrate", "ui"]
 
 
 @pytest.mark.spawns

@@ -65,14 +65,76 @@ def test_every_install_line_names_this_distribution():
     assert not wrong, wrong
 
 
-def test_every_documented_editable_install_is_the_compat_route():
-    """`pip install -e .` (setuptools' default editable mode) lets a folder named `specdec` in the
-    current directory hide the package; the documented route is compat mode (as the Makefile's)."""
+def test_every_documented_editable_install_is_the_plain_one():
+    """Issue 52: what most developers type, `pip install -e .`, is the documented route (and the
+    Makefile's): setuptools' default editable mode is a path entry here (the next test)."""
     editable = [(w, line) for w, line in install_lines() if re.search(r"(^|\s)-e(\s|$)", line)]
     assert editable
-    assert all("--config-settings editable_mode=compat" in line for _, line in editable), editable
+    assert all("editable_mode" not in line for _, line in editable), editable
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "pip install -q --config-settings editable_mode=compat -e" in makefile
+    assert "PIP_EDITABLE := $(BIN)/python -m pip install -q -e\n" in makefile
+
+
+@pytest.mark.spawns
+def test_the_default_editable_install_is_a_path_entry_for_the_clone(tmp_path):
+    """Issue 52: under setuptools' default editable mode `from specdec import Pair` failed from the
+    clone's parent (`cannot import name 'Pair' from 'specdec' (unknown location)`): the package was
+    found by an import hook placed after the path search, so the clone folder itself, named
+    `specdec`, won as a namespace package. The editable wheel setuptools builds for a plain `pip
+    install -e .` (its own build backend, run here on a copy of the project) must hold a .pth path
+    entry for the clone and no finder; and with that entry on the path, the package is found from a
+    folder holding a `specdec` folder."""
+    import shutil
+
+    src, out = tmp_path / "specdec", tmp_path / "wheel"
+    src.mkdir()
+    out.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("specdec", "specdec_cli", "configs"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; "
+                           f"print(build_meta.build_editable({str(out)!r}))"],
+                          cwd=src, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import zipfile
+
+    with zipfile.ZipFile(out / done.stdout.strip().splitlines()[-1]) as wheel:
+        names = [n for n in wheel.namelist() if ".dist-info/" not in n]
+        assert not [n for n in names if n.endswith("_finder.py")], names
+        (pth,) = [n for n in names if n.endswith(".pth")]
+        entries = wheel.read(pth).decode().split()
+    assert entries == [str(src)], entries
+    # The clone's parent (tmp_path holds the copy, named `specdec`, without __init__.py at its top).
+    probe = ("import sys; sys.path.append(sys.argv[1]); import importlib.util; "
+             "print(importlib.util.find_spec('specdec').origin)")
+    # -S: no site-packages, so the path entry is this wheel's alone (this venv's own install is elsewhere).
+    found = subprocess.run([sys.executable, "-S", "-c", probe, entries[0]], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert found.returncode == 0 and found.stdout.strip() == str(src / "specdec" / "__init__.py"), found
+
+
+def test_make_installs_the_cpu_build_of_torch_unless_told(tmp_path):
+    """Issue 52: `make demo` installed PyPI's torch, the CUDA build on Linux (~2.5 GB), for a CPU
+    demo. `make -n` shows the command each choice runs, without running it."""
+    if shutil_which("make") is None:
+        pytest.skip("needs make")
+
+    def torch_line(*extra: str) -> str:
+        done = subprocess.run(["make", "-n", "-B", f"VENV={tmp_path / 'venv'}", *extra, "install"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        (line,) = [x for x in done.stdout.splitlines() if "pip install -q torch==" in x]
+        return line
+
+    assert torch_line().endswith("torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu")
+    assert torch_line("TORCH=cuda").endswith("torch==2.13.0 ")
+
+
+def shutil_which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
 
 
 def test_the_messages_name_the_distribution():

@@ -121,7 +121,7 @@ def test_importing_specdec_imports_no_command_line_library(tmp_path):
 def test_from_specdec_import_pair_beside_a_clone_named_specdec(tmp_path):
     """A folder holding a clone named `specdec` (no __init__.py at its top) made `specdec` a namespace
     package of that folder under setuptools' default editable install; the Makefile installs in
-    compat mode (a path entry), so the real package is found."""
+    a path entry (pyproject.toml's package-dir), so the real package is found."""
     clone = tmp_path / "specdec"
     (clone / "specdec_cli").mkdir(parents=True)
     (clone / "README.md").write_text("a clone of specdec\n")
@@ -146,4 +146,4 @@ def test_make_demo_installs_what_describing_needs_and_no_dev_tool():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     base = makefile.split("$(VENV)/.installed: pyproject.toml", 1)[1].split("\n\n", 1)[0]
     assert "$(PIP_EDITABLE) .\n" in base and ".[" not in base  # the package alone, no extra
-    assert re.search(r"^demo: install$", makefile, re.M) and re.search(r"^test: dev speech$", makefile, re.M)
+    assert re.search(r"^demo: install$", makefile, re.M) and re.search(r"^test: dev speech browser$", makefile, re.M)

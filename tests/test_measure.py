@@ -166,3 +166,14 @@ def test_the_command_refuses_a_missing_folder_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "not a folder" in done.stderr
+
+
+def test_without_praat_the_message_names_the_projects_extra(monkeypatch):
+    """Issue 51/52: the labeller is in the measure extra; its message says how to install that."""
+    from specdec_cli.demo import measure as measure_module
+
+    monkeypatch.setitem(sys.modules, "parselmouth", None)  # as if not installed: its import fails
+    with pytest.raises(SystemExit) as exc:
+        measure_module.measure(np.zeros(RATE, np.float32), RATE)
+    assert str(exc.value) == ("error: measuring needs praat-parselmouth, in specdec's measure extra: "
+                              "pip install 'specdec-omni[measure]'")

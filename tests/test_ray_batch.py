@@ -8,17 +8,16 @@ process that already called ray.init does.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
 import socket
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import pytest
+import ray_fixtures
 from typer.testing import CliRunner
 
 from specdec_cli.audio import load_audio
@@ -32,6 +31,8 @@ from specdec_cli.settings import PairSpec
 
 ray = pytest.importorskip("ray")  # in the dev extra; the skip only spares a bare install
 
+local_ray = ray_fixtures.local_ray  # one local Ray for the module (tests/ray_fixtures.py)
+alive = ray_fixtures.alive
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 # What two runs of one clip may differ in: wall time, and the rate computed from it (and the path,
 # when the clip was copied; records are compared by file name).
@@ -48,52 +49,6 @@ def by_name(path: Path) -> dict[str, dict]:
     names = [Path(r["file"]).name for r in records]
     assert len(names) == len(set(names)), f"a clip recorded twice: {sorted(names)}"
     return {Path(r["file"]).name: r for r in records}
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (Linux /proc), to check the module leaves none behind."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (killed, not yet reaped by its parent) is gone for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    before = descendants(os.getpid())
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
-             object_store_memory=ray_batch.OBJECT_STORE_BYTES, log_to_driver=False)
-    started = descendants(os.getpid()) - before
-    assert started, "ray.init started no process"
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
-    yield
-    ray.shutdown()
-    deadline = time.monotonic() + 30
-    while (left := {p for p in started if alive(p)}) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"Ray processes left running after shutdown: {sorted(left)}"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The command line: thin shells over the library (`specdec_cli.pair` and below). app.py holds the
 Typer app and maps errors to exit codes; options.py declares the shared options once; one module
-per command, registered here; ui.py and plots.py are views that consume what the library returns."""
+per command, registered here (`specdec ui` is web.py; its page is specdec_cli/webui); ui.py and plots.py are views that consume what the library returns."""
 
 import inspect
 from collections.abc import Callable
@@ -8,7 +8,7 @@ from typing import Any
 
 from typer.core import TyperOption
 
-from . import batch, calibrate, describe, eval, presets, serve
+from . import batch, calibrate, describe, eval, presets, serve, web
 from .app import Command, app
 
 # Options every command takes, written once (they belong to `specdec` itself; app.py moves them
@@ -36,5 +36,6 @@ def _flowed(command: Callable[..., Any]) -> str:
 
 
 for name, command in (("describe", describe.describe), ("batch", batch.batch), ("presets", presets.presets),
-                      ("serve", serve.serve), ("eval", eval.evaluate_command), ("calibrate", calibrate.calibrate)):
+                      ("serve", serve.serve), ("eval", eval.evaluate_command), ("calibrate", calibrate.calibrate),
+                      ("ui", web.web)):
     app.command(name, cls=Command, help=_flowed(command), epilog=COMMON_OPTIONS)(command)

@@ -135,7 +135,12 @@ class Command(TyperCommand):
             # Help texts are written for Rich, where `\[` keeps `[serve]` from being read as markup.
             sections.setdefault(getattr(param, "rich_help_panel", None) or default, []).append(
                 (record[0], record[1].replace("\\[", "[")))
-        for title, rows in sections.items():
+        # The panels in the order a person reads a command line: what goes in, how it is decoded,
+        # the cloud, the models, what comes out; any other after them, the plain options last.
+        order = ["Arguments", "Input", "Decoding", "Cloud", "Models", "Output"]
+        titles = sorted(sections, key=lambda t: (order.index(t) if t in order else len(order) + (t == "Options")))
+        for title in titles:
+            rows = sections[title]
             if rows:
                 with formatter.section(title):
                     _write_dl(formatter, rows)

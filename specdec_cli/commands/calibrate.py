@@ -17,6 +17,7 @@ from rich.table import Table
 
 from .. import calibrate as calibration
 from ..errors import InputError
+from ..evaluate import left_out_line
 from ..inputs import Skipped, some_failed
 from . import ui
 from .app import Interrupted
@@ -87,7 +88,8 @@ def calibrate(
                                       show_default=False)],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")] = False,
     labels: Annotated[Path | None, typer.Option(
-        help="labels.jsonl (as for eval): score by attribute accuracy. Without it, quality is agreement "
+        help="labels.jsonl (as for eval; demo.measure writes one): score by attribute accuracy, each attribute "
+             "over the clips labelled for it. Without it, quality is agreement "
              "with cloud-only's output on the same clips.", show_default=False)] = None,
     quality_points: Annotated[float, typer.Option(
         min=0, help="quality = the cheapest setting within this many points of cloud-only.")] = 1.0,
@@ -139,9 +141,13 @@ def calibrate(
     max_new_tokens = base.pop("max_new_tokens", 64)
     # The input policy (inputs.py): every clip checked before the models load, each bad one named
     # with its reason and left out; the run goes on with the others and ends with exit 1.
-    names, paths, clip_labels, skipped = calibration.clips_for(directory, labels, limit)
+    chosen = calibration.clips_for(directory, labels, limit)
+    names, paths, clip_labels, skipped = chosen.names, chosen.paths, chosen.labels, chosen.skipped
     for skip in skipped:
         err.print(skip.line(), markup=False, style="yellow", soft_wrap=True)
+    if chosen.unlabelled:  # what demo.measure writes for a clip whose every attribute is ambiguous
+        err.print(f"note: {labels} labels no attribute of {ui.clips(len(chosen.unlabelled))}, left out: "
+                  f"{ui.names_of(chosen.unlabelled)}", markup=False)
     if len(paths) < 2:
         raise InputError(f"calibration needs at least 2 clips (one per half); {directory} has "
                          f"{len(paths)} readable" + (f" ({len(skipped)} skipped, named above)" if skipped else ""))
@@ -184,6 +190,8 @@ def calibrate(
     if found.gate is not None:
         stdout.print("k K · U/V: the meaning gate, gate_upload U, gate_verify V", markup=False)
     stdout.print(f"quality measure: {found.measure}", markup=False)
+    if found.attributes and (left := left_out_line(found.attributes)):
+        stdout.print(f"labels left out: {left}", markup=False)
     for c in found.choices:
         note = "" if c.met else f" (none shown within {c.points:g} points: every block verified)"
         stdout.print(f"{c.name}: k {c.run.cfg.k}, threshold {calibration.toml_float(c.run.cfg.threshold)}{note}",

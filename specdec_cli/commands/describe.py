@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,6 +20,7 @@ from .options import (
     DECODING,
     DESCRIBE_DEADLINE_S,
     MODELS,
+    OUTPUT,
     Decoding,
     DescribeDeadlineOpt,
     Models,
@@ -92,19 +94,20 @@ def load(spec: PairSpec, err: Any, spinner: bool = True) -> Pair:
 def describe(
     clips: Annotated[list[str], typer.Argument(help="Audio files (WAV, FLAC, OGG, MP3, …), at most 30 s each "
                                                "(longer with --segment).", metavar="CLIP...", show_default=False)],
-    json_out: Annotated[bool, typer.Option("--json", help="Print each clip's record as one JSON line on stdout "
-                                           "(no live view, trace or panel).")] = False,
-    no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Each clip's record as a JSON line on stdout (no live "
+                                           "view, trace or panel).", rich_help_panel=OUTPUT)] = False,
+    no_live: Annotated[bool, typer.Option("--no-live", help="No live view while decoding.",
+                                          rich_help_panel=OUTPUT)] = False,
     trace: Annotated[bool | None, typer.Option(
-        "--trace/--no-trace", help="Keep the decoding trace (one line per block) on stderr when decoding ends. "
-        "Default: on a terminal, without --json.", show_default=False)] = None,
+        "--trace/--no-trace", help="The decoding trace on stderr (default: on a terminal, without --json).",
+        show_default=False, rich_help_panel=OUTPUT)] = None,
     panel: Annotated[bool | None, typer.Option(
-        "--panel/--no-panel", help="Print each clip's summary box on stderr. Default: on a terminal, without --json "
-        "(a log or a pipe gets the sentences alone).", show_default=False)] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the sentences (and errors): no live view, "
-                                        "trace or panel.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Draw the decoding trace (entropies, threshold, verdicts) "
-                                              "to this PNG (one clip). Needs matplotlib.", show_default=False)] = None,
+        "--panel/--no-panel", help="Each clip's summary box on stderr (default: on a terminal, without --json).",
+        show_default=False, rich_help_panel=OUTPUT)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="The sentences (and errors) alone.",
+                                        rich_help_panel=OUTPUT)] = False,
+    plot: Annotated[Path | None, typer.Option(help="Draw one clip's decoding trace to this PNG (needs matplotlib).",
+                                              show_default=False, rich_help_panel=OUTPUT)] = None,
     segment: SegmentOpt = False,
     on_cloud_failure: OnCloudFailureOpt = OnCloudFailure.edge,
     deadline_s: DescribeDeadlineOpt = None,
@@ -112,9 +115,8 @@ def describe(
 ) -> None:
     """Describe the speaker in each CLIP: prints the sentence (or the record with --json).
 
-    The models load once for all the clips; with several, each sentence follows its file name. With
-    --segment, a long recording is described segment by segment, each sentence after the file name
-    and the segment's start and end (seconds)."""
+    The models load once, after every clip is checked; with several clips (or --segment), each
+    sentence follows its file name (and the segment's start and end, in seconds)."""
     from ..settings import explicit
 
     alone = len(clips) == 1 and not segment  # one clip: its error is the command's (message and exit code)
@@ -145,11 +147,24 @@ def describe(
     run = spec.settings(decoding.preset, overrides, decoding.cloud_rtt_ms)  # an unknown preset fails before loading
     if plot is not None and run.cfg.mode != "spec":
         raise InputError(f"--plot draws the speculative trace; it needs --mode spec, not {run.cfg.mode}")
+    # Every clip read and checked (length, silence, scale, speech; a recording planned) before the
+    # models load: a refusal costs no load (issue 52).
+    from ..pair import check_before_loading
+
+    planned, refused = check_before_loading([c for c in clips if c not in bad], spec, segment)
+    if len(clips) == 1 and refused:
+        raise refused[clips[0]]
+    for clip, exc in refused.items():
+        err.print(f"error: {_named(clip, one_line(exc))} (skipped)", markup=False, soft_wrap=True)
+        bad[clip], bad_kind[clip] = one_line(exc), error_kind(exc)
+    if len(bad) == len(clips):
+        raise InputError(f"none of the {len(clips)} clips can be described (each said why above)")
     try:
         pair = load(spec, err, spinner=not json_out and not quiet)
     except KeyboardInterrupt:
         raise Interrupted(f"while the models loaded: none of the {ui.clips(len(clips))} was described") from None
     run = pair.for_link(run, decoding.preset, overrides)  # a remote cloud: k for the link where k is free
+    pair.on_cloud_wait(lambda line: err.print(f"warning: {line}", markup=False, style="yellow", soft_wrap=True))
     if run.cfg.mode != "edge":
         cloud_down_note(err, pair)
     views = not json_out and not quiet  # --json: data only; --quiet: sentences only; nothing drawn
@@ -159,6 +174,11 @@ def describe(
     failed = described = ok = 0
     # A cloud that fails mid-run: explained at the first clip it fails, counted after (batch does the same)
     fallbacks = ui.FallbackTally("segments" if segment else "clips")
+    # Band-limited clips, and with several clips the ones below the models' rate: said once, at the end
+    band = ui.BandLimitedTally("segments" if segment else "clips")
+    counting = ExitStack()
+    if len(clips) > 1:
+        counting.enter_context(ui.low_rate_counted(band))
 
     def failure(clip: str, exc: Exception, where: Segment | None = None) -> None:
         nonlocal failed
@@ -182,7 +202,7 @@ def describe(
                 continue
             if segment:
                 try:
-                    recording = pair.recording(clip)
+                    recording = pair.recording(clip, planned=planned.get(clip))
                 except Exception as exc:
                     if len(clips) == 1:
                         raise  # one recording that cannot be read: the command's error
@@ -207,6 +227,7 @@ def describe(
                     failure(clip, exc, where)
                     continue
                 fallbacks.add(result.record)
+                band.add(result.record)
                 note = fallbacks.note(label_of(clip, where), result.record)
                 if note is not None and pair.models.cloud_down is None:  # a cloud down from the start: said once
                     err.print(note, markup=False, style="yellow")
@@ -230,11 +251,20 @@ def describe(
         what = "segments" if segment else "clips"
         raise Interrupted(f"{ok} {what} described and {failed} failed before Ctrl-C (their lines are above); "
                           f"{len(clips) - clips.index(clip)} of {ui.clips(len(clips))} not finished, from {clip}") from None
+    finally:
+        counting.close()
+    if (line := band.line()) is not None:
+        err.print(line, markup=False, style="yellow")
     if fallbacks.fell_back and fallbacks.clips > 1 and pair.models.cloud_down is None:
         err.print(fallbacks.line(), markup=False, style="yellow")
     if failed:
         what = "segments or clips" if segment else "clips"
         raise some_failed(failed, described, what)
+
+
+def _named(clip: str, message: str) -> str:
+    """`message` naming `clip` (once: the library's messages mostly name it)."""
+    return message if clip in message else f"{clip}: {message}"
 
 
 def label_of(clip: str, where: Segment | None) -> str:

@@ -33,12 +33,22 @@ from .options import EVAL_GENERATION, MODELS, Models, with_options
 def _tables(report: dict[str, Any]) -> list[Table]:
     rtt = bool(report["settings"].get("cloud_rtt_ms"))
     tables = []
-    for title, cols in evaluate.summary_tables(rtt, evaluate.has_link(report), evaluate.labelled(report)):
+    for title, cols in evaluate.summary_tables(rtt, evaluate.has_link(report), evaluate.labelled(report),
+                                               evaluate.partly_labelled(report)):
         table = Table(title=f"{title} · {ui.clips(report['clips'])}", title_style="bold", box=box.SIMPLE_HEAD)
         for i, (header, _) in enumerate(cols):
             table.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
         for s in report["modes"]:
             table.add_row(*(cell(s) for _, cell in cols))
+        tables.append(table)
+    if evaluate.partly_labelled(report):  # each attribute over the clips labelled for it: say how many
+        headers, rows = evaluate.attribute_table(report)
+        table = Table(title=f"accuracy per attribute · {ui.clips(report['clips'])}", title_style="bold",
+                      box=box.SIMPLE_HEAD)
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        for i, row in enumerate(rows):
+            table.add_row(*row, end_section=i == len(report["modes"]) - 1)
         tables.append(table)
     return tables
 
@@ -62,7 +72,8 @@ def evaluate_command(
                                               metavar="DIR", show_default=False)],
     labels: Annotated[Path | None, typer.Option(
         help="labels.jsonl: one {\"file\": ..., \"labels\": {gender, rate, pitch, volume, pauses, emotion}} "
-             "per line. Default: DIR/labels.jsonl; without one, every audio file of DIR is scored by agreement "
+             "per line; an attribute left out (as demo.measure leaves an ambiguous one) is scored over the clips "
+             "labelled for it. Default: DIR/labels.jsonl; without one, every audio file of DIR is scored by agreement "
              "with cloud-only instead of accuracy.", show_default=False)] = None,
     modes: Annotated[str, typer.Option(
         help="Comma list of modes to run: edge, cloud, fluent, quality, always (spec with every block verified), "
@@ -120,10 +131,14 @@ def evaluate_command(
         agree = ("quality is agreement with cloud-only's sentence" if "cloud" in mode_names else
                  "add cloud to --modes for agreement with cloud-only's sentence")
         err.print(f"no labels ({directory / 'labels.jsonl'} not found): accuracy needs --labels; {agree}",
-                  markup=False, soft_wrap=True)
+                  markup=False)
     else:
         assert labels_path is not None
-        clips, skipped = evaluate.read_labels(labels_path, directory)[:limit], []
+        read = evaluate.labels_file(labels_path, directory)
+        clips, skipped = read.clips[:limit], []
+        if read.unlabelled:  # what demo.measure writes for a clip whose every attribute is ambiguous
+            err.print(f"note: {labels_path} labels no attribute of {ui.clips(len(read.unlabelled))}, left out: "
+                      f"{ui.names_of(read.unlabelled)}", markup=False)
     # The input policy (inputs.py): every clip checked now, before the models load; each bad one
     # named with its reason, left out and counted; the run goes on with the others and exits 1.
     checked = check_clips(clips, lambda c: c.path)
@@ -177,13 +192,22 @@ def evaluate_command(
     result["skipped"] = [{"file": str(s.path), "reason": s.reason} for s in skipped]
     scored = result["clips"]
     err.print(f"eval: scored {plural(scored, 'clip')}" + (f"; {len(skipped)} skipped (named above)" if skipped else ""),
-              markup=False, soft_wrap=True)
-    if scored < clips_for_resolution(1.0):
+              markup=False)
+    if result["attributes"] and (left := evaluate.left_out_line(result["attributes"])):
+        err.print(f"labels: each attribute scored over the clips labelled for it; left out: {left}", markup=False)
+    if evaluate.partly_labelled(result):  # each attribute over its own clips: the least-labelled sets the step
+        step, need = evaluate.partial_resolution(result)
+        if step > 1.0:
+            err.print(f"warning: one attribute changed on one clip moves a mode's accuracy by up to {step:.1f} "
+                      "points (the least-labelled attribute's clips), so differences smaller than that are noise; "
+                      f"score at least {need} clips labelled for each attribute to tell 1 point apart",
+                      markup=False, style="bold yellow")
+    elif scored < clips_for_resolution(1.0):
         # Said loudly, not refused: a few clips still answer "does it run, roughly how fast".
         err.print(f"warning: only {plural(scored, 'clip')}: one attribute changed on one clip moves a mode's "
                   f"accuracy by {resolution_points(scored):.1f} points, so differences smaller than that are noise; "
                   f"score at least {clips_for_resolution(1.0)} clips to tell 1 point apart", markup=False,
-                  style="bold yellow", soft_wrap=True)
+                  style="bold yellow")
     out = err if json_out else Console(highlight=False)  # the tables are the output, unless the report is
     for table in _tables(result):
         out.print(table)

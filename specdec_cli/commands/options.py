@@ -45,7 +45,11 @@ class OnOff(StrEnum):
     off = "off"
 
 
-_D, _P, _S, _M = "Decoding", "Prompt", "Sampling", "Models"
+# The help's panels (issue 52): what goes in, how it is decoded, the remote cloud, what comes out,
+# and which models on which devices. Prompt and sampling options are decoding options.
+_I, _D, _C, _O, _M = "Input", "Decoding", "Cloud", "Output", "Models"
+_P = _S = _D
+INPUT, OUTPUT, DECODING_PANEL = _I, _O, _D
 
 
 def _opt(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:
@@ -65,35 +69,31 @@ class Models:
     cloud_device: str | None = None
     dtype: str = "float32"
     cloud_timeout: float | None = None  # --cloud-timeout (None: $SPECDEC_CLOUD_TIMEOUT, else 60 s)
-    upload: str = "lazy"  # --upload: when a clip goes up to a --cloud URL (remote/client.py UPLOADS)
-    depth: str = "1"  # --depth: verifications a clip keeps in flight, 1..4 or auto (block_length.py)
+    upload: str | None = None  # --upload: when a clip goes up to a --cloud URL (None: not given, lazy)
+    depth: str | None = None  # --depth: verifications a clip keeps in flight, 1..4 or auto (None: not given)
 
 
 MODELS_PARAMS = {
     "edge": (Annotated[str | None, _opt(help="Edge model: folder or Hub id (default: bundled demo edge).",
                                         panel=_M)], None),
     "cloud": (Annotated[str | None, _opt(help="Cloud model: folder or Hub id, or http://HOST:PORT of a "
-                                         "`specdec serve` (default: bundled demo cloud).", panel=_M)], None),
+                                         "`specdec serve` (default: bundled demo cloud).", panel=_C)], None),
     "device": (Annotated[str, _opt(help="Torch device for both models.", panel=_M, show_default=True)], "cpu"),
     "edge_device": (Annotated[str | None, _opt(help="Torch device for the edge model (default: --device).",
                                                panel=_M)], None),
-    "cloud_device": (Annotated[str | None, _opt(
-        help="Torch device for the cloud model (default: --device), e.g. --edge-device cpu --cloud-device cuda:0.",
-        panel=_M)], None),
+    "cloud_device": (Annotated[str | None, _opt(help="Torch device for the cloud model (default: --device).",
+                                                panel=_M)], None),
     "dtype": (Annotated[str, _opt(help="float32, bfloat16, float16 or auto.", panel=_M, show_default=True)],
               "float32"),
     "cloud_timeout": (Annotated[float | None, _opt(
-        "--cloud-timeout", metavar="SECONDS", help="With --cloud http://…: the most one request to the server may "
-        "take in all, connect to last byte (default: $SPECDEC_CLOUD_TIMEOUT, else 60).", panel=_M)], None),
-    "upload": (Annotated[str, _opt(
-        "--upload", metavar="eager|lazy|auto", help="With --cloud http://…: when a clip goes up. lazy: at its first "
-        "escalation (a clip the edge keeps never leaves the device); eager: at its start, the server prefilling "
-        "while the edge drafts; auto: eager when this run's clips so far show it pays (docs/pipelining.md).",
-        panel=_M, show_default=True)], "lazy"),
-    "depth": (Annotated[str, _opt(
-        "--depth", metavar="1-4|auto", help="With --cloud http://…: verifications a clip keeps in flight, each "
-        "block sent before the verdict it assumes (changes no token). auto: per clip from the round trip, the "
-        "edge's speed, k and the recent acceptance (docs/pipelining.md).", panel=_M, show_default=True)], "1"),
+        "--cloud-timeout", metavar="SECONDS", help="The most one request may take, connect to last byte (default: "
+        "$SPECDEC_CLOUD_TIMEOUT, else 60).", panel=_C)], None),
+    "upload": (Annotated[str | None, _opt(
+        "--upload", metavar="eager|lazy|auto", help="When a clip goes up: lazy (default) at its first escalation, "
+        "eager at its start, auto as this run's clips show it pays (docs/pipelining.md).", panel=_C)], None),
+    "depth": (Annotated[str | None, _opt(
+        "--depth", metavar="1-4|auto", help="Verifications a clip keeps in flight (default 1; changes no token); "
+        "auto: per clip, from the link (docs/pipelining.md).", panel=_C)], None),
 }
 
 # -- generation: length, prompt and sampling, for every command that decodes --------------------------
@@ -102,31 +102,30 @@ GENERATION_PARAMS = {
     "max_new_tokens": (Annotated[int | None, _opt(min=1, help="Most tokens per description (default 64).",
                                                   panel=_D)], None),
     "instruction": (Annotated[str | None, _opt(
-        help="The instruction the models get with the audio, replacing the default (describe rate, pitch, volume, "
-        "pauses, timbre and emotion). The one-sentence Chinese rules stay on unless --constraints off.",
-        panel=_P)], None),
+        help="The instruction given with the audio, replacing the default (the sentence's rules stay on unless "
+        "--constraints off).", panel=_P)], None),
     "system": (Annotated[str | None, _opt(help="The system prompt, replacing the default 'You are a helpful "
                                           "assistant.'.", panel=_P)], None),
     "sample": (Annotated[bool | None, _opt("--sample/--greedy", help="Sample (lossless rejection sampling) or "
                                            "decode greedily (default).", panel=_S)], None),
     "seed": (Annotated[int | None, _opt(help="Random seed for --sample.", panel=_S)], None),
-    "temperature": (Annotated[float | None, _opt(
-        help="With --sample: divide the logits by this (HF's TemperatureLogitsWarper; default 1).", panel=_S)], None),
-    "top_p": (Annotated[float | None, _opt("--top-p", help="With --sample: draw from the fewest tokens holding this "
-                                           "much probability (default 1: all).", panel=_S)], None),
-    "top_k": (Annotated[int | None, _opt("--top-k", help="With --sample: draw from the k likeliest tokens "
-                                         "(default 0: all).", panel=_S)], None),
+    "temperature": (Annotated[float | None, _opt(help="With --sample: divide the logits by this (default 1).",
+                                                 panel=_S)], None),
+    "top_p": (Annotated[float | None, _opt("--top-p", help="With --sample: nucleus mass (default 1: all).",
+                                           panel=_S)], None),
+    "top_k": (Annotated[int | None, _opt("--top-k", help="With --sample: the k likeliest tokens (default 0: all).",
+                                         panel=_S)], None),
 }
 
 # -- the meaning gate's thresholds (describe, batch, eval) ---------------------------------------------
 
 GATE_PARAMS = {
     "gate_upload": (Annotated[float | None, _opt(
-        "--gate-upload", help="With verify meaning: escalate a block whose meaning score exceeds this while the "
-        "cloud has not heard the clip (going up uploads it); 'inf' keeps every clip on the edge.", panel=_D)], None),
+        "--gate-upload", help="Verify meaning: the meaning score that sends a clip up ('inf': none goes).",
+        panel=_D)], None),
     "gate_verify": (Annotated[float | None, _opt(
-        "--gate-verify", help="With verify meaning: escalate a block whose meaning score exceeds this once the "
-        "cloud holds the clip (a check is then one forward over a few tokens).", panel=_D)], None),
+        "--gate-verify", help="Verify meaning: the score that escalates a block once the cloud holds the clip.",
+        panel=_D)], None),
 }
 
 # -- decoding: the preset and the speculative knobs (describe, batch) ----------------------------------
@@ -146,24 +145,21 @@ DECODING_PARAMS = {
     "mode": (Annotated[Mode | None, _opt(help="spec: edge drafts, cloud verifies; edge / cloud: one model alone.",
                                          panel=_D)], None),
     "verify": (Annotated[Verify | None, _opt(
-        help="entropy: only uncertain blocks go to the cloud; always: every block (lossless); meaning: only blocks "
-        "unsure about what the sentence says (the presets file's meaning gate; without one fitted on this task "
-        "and tokenizer, the entropy gate).", panel=_D)], None),
+        help="entropy: uncertain blocks go to the cloud; always: every block (lossless); meaning: blocks unsure of "
+        "what the sentence says (docs/meaning-gate.md).", panel=_D)], None),
     "threshold": (Annotated[float | None, _opt(
         help="Escalate a block when its uncertainty (nats) exceeds this; 'inf' never escalates.", panel=_D)], None),
     "k": (Annotated[int | None, _opt("--k", min=1, help="Draft block length.", panel=_D)], None),
     **GATE_PARAMS,
     "uncertainty": (Annotated[Uncertainty | None, _opt(help="How per-token entropies make a block's uncertainty.",
                                                        panel=_D)], None),
-    "constraints": (Annotated[OnOff | None, _opt(
-        help="Sentence constraints (CJK vocabulary, punctuation spacing, loop checks); off = plain decoding.",
-        panel=_D)], None),
+    "constraints": (Annotated[OnOff | None, _opt(help="The sentence's rules (CJK vocabulary, punctuation, loop "
+                                                 "checks); off: plain decoding.", panel=_D)], None),
     "presets_file": (Annotated[Path | None, _opt(
-        "--presets", help="A presets file (e.g. from `specdec calibrate`); its presets override the built-in ones.",
-        panel=_D)], None),
+        "--presets", help="A presets file (`specdec calibrate`'s) over the built-in one.", panel=_D)], None),
     "cloud_rtt_ms": (Annotated[float | None, _opt(
-        min=0, help="Modelled edge-cloud round trip (ms): adds latency_modelled_s to the record (computed, never "
-        "slept).")], None),
+        min=0, help="A modelled round trip (ms): adds latency_modelled_s to records (never slept).",
+        panel=_C)], None),
 }
 
 
@@ -211,9 +207,8 @@ def with_options(*groups: Group) -> Callable[[Callable[..., Any]], Callable[...,
 
 # --segment, for the commands that describe recordings (describe, batch).
 SegmentOpt = Annotated[bool, typer.Option(
-    "--segment", help="Describe a recording longer than the model's window (30 s for the demo pair) in segments "
-    "cut at pauses, each of at most the window and each its own record (with segment, start_s, end_s); a "
-    "recording may be up to 4 h long.")]
+    "--segment", help="Describe a recording of up to 4 h in segments of at most the model's window (30 s), cut "
+    "where the speech pauses, each its own record.", rich_help_panel=_I)]
 
 # What a clip does when its remote cloud fails it (describe, batch): describe.CloudPolicy. The
 # defaults and why: docs/serve.md, "When the cloud cannot answer". An on-device model is expected
@@ -228,18 +223,15 @@ class OnCloudFailure(StrEnum):
 DESCRIBE_DEADLINE_S = 10.0
 BATCH_DEADLINE_S = 30.0
 OnCloudFailureOpt = Annotated[OnCloudFailure, typer.Option(
-    "--on-cloud-failure", help="With --cloud http://…: what a clip does when the cloud is unreachable, refuses, "
-    "answers what specdec cannot use or misses --cloud-deadline. edge: the edge finishes it from where it "
-    "stands (its record's fallback says why); fail: the clip fails, as without this option.",
-    rich_help_panel=_M, show_default=True)]
+    "--on-cloud-failure", help="When the cloud fails a clip (down, refusing, too slow): edge finishes it (its "
+    "record's fallback says why); fail fails it.", rich_help_panel=_C, show_default=True)]
 
 
 def cloud_deadline_opt(default_s: float) -> Any:
     return Annotated[float | None, typer.Option(
-        "--cloud-deadline", metavar="SECONDS", help=f"With --cloud http://…: the cloud's budget for a whole clip, "
-        f"from its start; past it nothing more is asked, and the one request in flight is cut off: a failure of the "
-        f"clip's cloud, as --on-cloud-failure says (default: {default_s:g} with "
-        "--on-cloud-failure edge, none with fail).", show_default=False, rich_help_panel=_M)]
+        "--cloud-deadline", metavar="SECONDS", help=f"The cloud's budget for a whole clip; past it, a cloud "
+        f"failure (default: {default_s:g} with --on-cloud-failure edge, none with fail).", show_default=False,
+        rich_help_panel=_C)]
 
 
 DescribeDeadlineOpt = cloud_deadline_opt(DESCRIBE_DEADLINE_S)

@@ -134,7 +134,7 @@ def _token_labels(events: Sequence[BlockEvent], tokenizer) -> tuple[list[str], s
     ids = [t for e in events for t in e.draft]
     if tokenizer is None:
         return [str(t) for t in ids], None, None
-    from .ui import token_text  # specials by name, newlines and spaces made visible
+    from ..blocks import token_text  # specials by name, newlines and spaces made visible
 
     texts = [token_text(tokenizer, t) for t in ids]
     font = font_for("".join(sorted(set("".join(texts)))))

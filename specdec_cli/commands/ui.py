@@ -6,9 +6,9 @@ BlockEvents, plus the tokenizer to turn ids into text: ids become text here, nev
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -28,6 +29,24 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from ..blocks import (  # noqa: F401  (re-exported: the views' names, as tests and plots use them)
+    ACCEPTED,
+    DISCARDED,
+    MARKS,
+    REJECTED,
+    UNIT,
+    UNVERIFIED,
+    WHY,
+    format_threshold,
+    gate_of,
+    gate_rule,
+    gate_text,
+    level,
+    token_budget,
+    token_text,
+    verdicts,
+    where_it_went,
+)
 from ..decoding.config import DecodingConfig
 
 if TYPE_CHECKING:
@@ -39,89 +58,22 @@ from ..presets import EXTRA_KEYS, GATE_KEYS, PRESET_KEYS, Preset
 # which `specdec --help` must not load (tests/test_fast_imports.py).
 from ..prompt import INSTRUCTION as DEFAULT_INSTRUCTION
 
-ACCEPTED, REJECTED, DISCARDED, UNVERIFIED = "✓", "✗", "–", "·"
-UNIT = "nats"
-_UNCERTAINTY_LABEL = {"sum": "ΣH", "max": "max H", "mean": "mean H"}
-# The meaning gate's block score (decoding/gate.py): the edge's probability mass on alternatives that
-# would change what the sentence says, aggregated like the entropies.
-_MEANING_LABEL = {"sum": "Σm", "max": "max m", "mean": "mean m"}
-_WHY = {"entropy": "uncertain", "meaning": "unsure of the meaning", "loop": "loop detected", "always": "verify=always"}
-
-
-def gate_of(event: BlockEvent, cfg: DecodingConfig) -> tuple[str, float, float]:
-    """(label, score, limit) of the gate that read the block: the meaning gate's score against
-    gate_upload or gate_verify, else the entropy gate's uncertainty against the threshold."""
-    if event.gate == "meaning" and event.score is not None and event.limit is not None:
-        return _MEANING_LABEL[cfg.uncertainty], event.score, event.limit
-    return _UNCERTAINTY_LABEL[cfg.uncertainty], event.uncertainty, cfg.threshold
-
-
-def gate_rule(cfg: DecodingConfig, short: bool = False) -> str:
-    """The escalation rule in words, for the trace's header (and, `short`, the live view's subtitle)."""
-    entropy = f"{_UNCERTAINTY_LABEL[cfg.uncertainty]} > {format_threshold(cfg.threshold)}"
-    if cfg.verify != "meaning":
-        return entropy
-    m = _MEANING_LABEL[cfg.uncertainty]
-    if short:
-        return f"{m} > {format_threshold(cfg.gate_upload)} / {format_threshold(cfg.gate_verify)} (up / held)"
-    return (f"{m} > {format_threshold(cfg.gate_upload)} (clip not yet up) or {format_threshold(cfg.gate_verify)} "
-            f"(cloud holds it); {entropy} without a gate for this task")
-
-
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """One token as the user should see it: an end-of-turn token as a readable end mark (⟨end⟩), other
-    special tokens by their bare name (⟨audio_bos⟩), invisible characters made visible."""
-    text = tokenizer.decode([token_id], skip_special_tokens=False)
-    special = text.startswith("<|") and text.endswith("|>") and len(text) > 4
-    if special and token_id in set(getattr(tokenizer, "all_special_ids", ()) or ()) | _added_ids(tokenizer):
-        name = text[2:-2]
-        return "⟨end⟩" if name in ("im_end", "endoftext") else f"⟨{name}⟩"
-    return printable(text).replace("\\n", "⏎").replace(" ", "␣") or "∅"
-
-
-def _added_ids(tokenizer: Any) -> set[int]:
-    """Ids of the tokenizer's added tokens (Qwen's <|im_end|> is one, not always in all_special_ids)."""
-    try:
-        return set(tokenizer.get_added_vocab().values())
-    except Exception:  # a tokenizer without added tokens
-        return set()
-
-
-def format_threshold(threshold: float) -> str:
-    return "∞" if math.isinf(threshold) else f"{threshold:g}"
+# The words of a block (its gate, its tokens' verdicts, tokens as text) are blocks.py's, shared with
+# the plot and the web page; this module gives them Rich's colours.
+_STYLE = {"over": "bold red", "near": "yellow", "under": "green"}
+_MARK_STYLE = {"accepted": "bold green", "rejected": "bold red", "discarded": "dim", "unverified": "dim"}
+_WHERE_STYLE = {"edge": "green", "cloud": "magenta", "fallback": "yellow"}
 
 
 def entropy_style(entropy: float, budget: float) -> str:
     """Colour of one token's entropy against its share of the threshold: green well under it,
     yellow approaching it, red over it (the token that pushes the block to the cloud)."""
-    if entropy >= budget:
-        return "bold red"
-    return "yellow" if entropy >= budget / 2 else "green"
-
-
-def token_budget(cfg: DecodingConfig, block_len: int, limit: float | None = None) -> float:
-    """The per-token entropy (or meaning score, against `limit`) that would put the block at the
-    threshold. With `sum` the threshold is shared by the block's tokens; with `max` and `mean` it
-    applies to each token as is."""
-    limit = cfg.threshold if limit is None else limit
-    if cfg.uncertainty == "sum" and block_len:
-        return limit / block_len
-    return limit
+    return _STYLE[level(entropy, budget)]
 
 
 def marks(event: BlockEvent) -> list[tuple[str, str]]:
     """(mark, style) per draft token: kept unverified, accepted, the first rejected, discarded."""
-    if not event.escalated or event.fallback is not None:  # the cloud failed it: kept unverified
-        return [(UNVERIFIED, "dim")] * len(event.draft)
-    out = []
-    for i in range(len(event.draft)):
-        if i < event.accepted:
-            out.append((ACCEPTED, "bold green"))
-        elif i == event.accepted:
-            out.append((REJECTED, "bold red"))
-        else:
-            out.append((DISCARDED, "dim"))
-    return out
+    return [(MARKS[kind], _MARK_STYLE[kind]) for kind in verdicts(event)]
 
 
 @dataclass(frozen=True)
@@ -219,15 +171,13 @@ class LiveView:
         return FoldedTable(rows)
 
     def _block_line(self, event: BlockEvent) -> Text:
-        label, score, limit = gate_of(event, self.cfg)
-        over = score > limit
-        line = Text(f"block {event.index + 1}: {label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}  ")
+        line = Text(f"block {event.index + 1}: {gate_text(event, self.cfg)[0]}  ")
         if not event.escalated:
             line.append("kept on the edge", style="green")
         elif event.fallback is not None:
             line.append(f"→ cloud failed ({event.fallback}): kept on the edge", style="yellow")
         else:
-            why = _WHY.get(event.reason, event.reason)
+            why = WHY.get(event.reason, event.reason)
             line.append(f"→ cloud ({why}): {event.accepted}/{len(event.draft)} accepted", style="magenta")
         return line
 
@@ -288,23 +238,19 @@ def trace_lines(events: Sequence[BlockEvent], tokenizer: Any, cfg: DecodingConfi
     block's tokens that do not fit go on lines of their own under its first token, after a `│`, so
     the block wraps as a unit and a token and its entropy are never split (a terminal folding a
     190-column line cut them anywhere)."""
-    gates, verdicts = [], []
+    gates, wheres = [], []
     for e in events:
-        label, score, limit = gate_of(e, cfg)
-        over = score > limit
-        gates.append((f"{label} {score:.2f} {'>' if over else '≤'} {format_threshold(limit)}", "red" if over else "green"))
-        if e.fallback is not None:
-            verdicts.append((f"→ cloud failed ({e.fallback}), edge", "yellow"))
-        else:
-            verdicts.append((f"→ cloud ({e.reason}) {e.accepted}/{len(e.draft)}", "magenta") if e.escalated
-                            else ("kept on the edge", "green"))
+        gate, over = gate_text(e, cfg)
+        gates.append((gate, "red" if over else "green"))
+        kind, words = where_it_went(e)
+        wheres.append((words, _WHERE_STYLE[kind]))
     width_g = max((len(g) for g, _ in gates), default=0)
-    width_v = max((len(v) for v, _ in verdicts), default=0)
+    width_v = max((len(v) for v, _ in wheres), default=0)
     scores = f"entropy ({UNIT})" + (" / meaning score" if any(e.meaning is not None for e in events) else "")
     out = [Text(f"trace · escalate when {gate_rule(cfg)} · k {cfg.k} · verify {cfg.verify} · "
                 f"draft tokens: {scores} and {ACCEPTED} accepted {REJECTED} rejected {DISCARDED} discarded "
                 f"{UNVERIFIED} unverified", style="bold")]
-    for e, (gate, g_style), (verdict, v_style) in zip(events, gates, verdicts, strict=True):
+    for e, (gate, g_style), (verdict, v_style) in zip(events, gates, wheres, strict=True):
         line = Text(f"{e.index + 1:>3}  ", style="dim")
         line.append(gate.ljust(width_g), style=g_style).append("  ")
         line.append(verdict.ljust(width_v), style=v_style).append("  │ ", style="dim")
@@ -421,13 +367,26 @@ def summary_panel(record: dict[str, Any]) -> Panel:
     return Panel(grid, title=f"specdec · {record['file']}{where}", border_style="green")
 
 
-def batch_progress(console: Console, disable: bool = False) -> Progress:
-    """A progress bar with ETA. Disabled off a terminal, where a bar would only litter logs."""
+class RateColumn(ProgressColumn):
+    """How many `unit` a second the task goes at (Rich's own speed estimate, over its recent steps)."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Any) -> Text:
+        return Text(f"{task.speed:.2f} {self.unit}/s" if task.speed else f"– {self.unit}/s", style="cyan")
+
+
+def batch_progress(console: Console, disable: bool = False, rate_unit: str | None = None) -> Progress:
+    """A progress bar with ETA (and, given `rate_unit`, the rate: rows/s). Disabled off a terminal,
+    where a bar would only litter logs."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
+        *([RateColumn(rate_unit)] if rate_unit else []),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
@@ -450,15 +409,19 @@ class LinkTally:
     """What a batch sent to a remote cloud, from its records (`--cloud URL` runs only)."""
 
     def __init__(self) -> None:
-        self.clips = self.silent = self.up = self.down = self.trips = 0
+        self.clips = self.silent = self.unanswered = self.up = self.down = self.trips = 0
         self.wait_s = 0.0
         self.fell_back = 0
 
     def add(self, record: dict) -> None:
         if record.get("error") is not None or "uplink_bytes" not in record:
             return
+        # From what happened (issue 52): a clip went up when the cloud answered it; one whose every
+        # request failed (a dead cloud) tried, and is counted apart from one that never needed it.
         self.clips += 1
-        self.silent += record["uplink_bytes"] == 0
+        answered = record["downlink_bytes"] > 0
+        self.silent += not answered and record["round_trips"] == 0
+        self.unanswered += not answered and record["round_trips"] > 0
         self.up += record["uplink_bytes"]
         self.down += record["downlink_bytes"]
         self.trips += record["round_trips"]
@@ -467,11 +430,18 @@ class LinkTally:
 
     def line(self) -> str:
         # Said as CloudFreeTally says it: "0 of 9 clips sent nothing (0%)" read as a double negative.
-        kept = (f"every one of {clips(self.clips)} went up" if not self.silent else
-                f"{self.silent} of {clips(self.clips)} ({self.silent / self.clips:.0%}) never went up")
+        went = self.clips - self.silent - self.unanswered
+        if self.unanswered:
+            kept = f"{went} of {clips(self.clips)} went up, {self.unanswered} never reached the cloud"
+            kept += f", {self.silent} never needed it" if self.silent else ""
+        else:
+            kept = (f"every one of {clips(self.clips)} went up" if not self.silent else
+                    f"{self.silent} of {clips(self.clips)} ({self.silent / self.clips:.0%}) never went up")
         if self.fell_back:  # "every one went up" beside "30 finished on the edge" read as a contradiction
-            kept += f" ({self.fell_back} then finished on the edge alone)"
-        return (f"cloud link: {kept} · {_size(self.up)} up · {_size(self.down)} down · {self.trips} round trips · "
+            kept += (f" ({self.fell_back} then finished on the edge alone)" if not self.unanswered else
+                     f" ({self.fell_back} finished on the edge alone)")
+        sent = "up or tried" if self.unanswered else "up"  # a request that never got through is counted too
+        return (f"cloud link: {kept} · {_size(self.up)} {sent} · {_size(self.down)} down · {self.trips} round trips · "
                 f"{self.wait_s:.2f} s waiting on the cloud")
 
 
@@ -500,6 +470,12 @@ def clips(n: int) -> str:
     from ..inputs import clips as count
 
     return count(n)
+
+
+def names_of(files: Sequence[str], shown: int = 3) -> str:
+    """The first few file names (printable), and how many more."""
+    more = f" and {len(files) - shown} more" if len(files) > shown else ""
+    return ", ".join(printable(f) for f in files[:shown]) + more
 
 
 def failure_advice(kinds: dict[str, int], to_stdout: bool = False) -> str:
@@ -573,6 +549,68 @@ class FallbackTally:
         unit = self.unit if self.clips != 1 else self.unit.removesuffix("s")
         them = "it" if self.fell_back == 1 else "them"
         return f"the cloud failed on {self.fell_back} of {self.clips} {unit} ({why}); the edge finished {them} alone"
+
+
+class BandLimitedTally:
+    """How many of a run's clips (or segments) are band-limited (records' `band_limited`: nearly
+    nothing above 4 kHz, as on a telephone line), and how many were recorded below the models' rate
+    (pair.LowSampleRate, counted by `low_rate_counted`), said once at the end of the run (`line`),
+    not once per clip."""
+
+    def __init__(self, unit: str = "clips") -> None:
+        self.unit = unit
+        self.clips = self.limited = self.low_rate = 0
+        self.first: str | None = None  # the first band-limited clip's file (a run of one names it)
+
+    def add(self, record: dict) -> None:
+        if record.get("error") is not None or "band_limited" not in record:
+            return
+        self.clips += 1
+        if record["band_limited"]:
+            self.limited += 1
+            self.first = self.first or record.get("file")
+
+    def line(self) -> str | None:
+        """The run's note, or None when no clip was band-limited or below the models' rate."""
+        if not self.limited and not self.low_rate:
+            return None
+        unit = self.unit if self.clips != 1 else self.unit.removesuffix("s")
+        upsampled = (f"{self.low_rate} {'was' if self.low_rate == 1 else 'were'} recorded below the models' rate "
+                     "and upsampled, which adds no detail")
+        if not self.limited:
+            return f"note: of {self.clips} {unit}, {upsampled}"
+        if self.clips == 1:
+            which, records = f"{printable(self.first or 'the clip')} is", "its record"
+        else:
+            which = f"{self.limited} of {self.clips} {unit} {'is' if self.limited == 1 else 'are'}"
+            records = "its record" if self.limited == 1 else "their records"
+        line = (f"note: {which} band-limited (nearly nothing above 4 kHz, as on a telephone line; band_limited: "
+                f"true in {records}): the models may mishear such voices (the demo pair takes most women on a "
+                "telephone line for men)")
+        return line + (f"; {upsampled}" if self.low_rate else "")
+
+
+@contextmanager
+def low_rate_counted(tally: BandLimitedTally) -> Iterator[None]:
+    """While a run of many clips decodes: the library's warning for a clip below the models' rate
+    (pair.LowSampleRate, one per clip) is counted into `tally`, not printed, so that the run says
+    it once at its end (BandLimitedTally.line). Other warnings print as before."""
+    import warnings
+
+    from ..pair import LowSampleRate
+
+    with warnings.catch_warnings():  # puts the filters and showwarning back after
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, LowSampleRate):
+                tally.low_rate += 1
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.simplefilter("always", LowSampleRate)  # each clip's, not the first of each message
+        warnings.showwarning = show
+        yield
 
 
 def _size(n: int) -> str:
@@ -676,7 +714,7 @@ class ProgressLines:
     per `every_s` seconds, each saying how far the run is and how long the rest may take."""
 
     def __init__(self, console: Console, total: int, skipped: int, every_s: float | None = None,
-                 unit: str = "clips", skipped_unit: str = "") -> None:
+                 unit: str = "clips", skipped_unit: str = "", rate: bool = False) -> None:
         import os
 
         if every_s is None:
@@ -687,6 +725,7 @@ class ProgressLines:
         self.console, self.total, self.skipped, self.every_s = console, total, skipped, every_s
         self.unit = unit  # what `total` counts; `skipped_unit`: what `skipped` counts, when not that
         self.skipped_unit = f"{skipped_unit} " if skipped_unit and skipped_unit != unit else ""
+        self.rate = rate  # say the rate too (rows/s)
         self.done = self.failed = 0
         self.start = time.monotonic()
         self.last: float | None = None
@@ -700,6 +739,7 @@ class ProgressLines:
         self.last = now
         elapsed = now - self.start
         left = elapsed / self.done * (self.total - self.done)
+        rate = f"{self.done / elapsed:.2f} {self.unit}/s, " if self.rate and elapsed > 0 else ""
         self.console.print(f"batch: {self.done}/{self.total} {self.unit} ({self.failed} failed"
                            f"{f', {self.skipped} {self.skipped_unit}already recorded' if self.skipped else ''}), "
-                           f"{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False, soft_wrap=True)
+                           f"{rate}{elapsed:.0f} s elapsed, about {left:.0f} s left", markup=False, soft_wrap=True)

@@ -64,6 +64,11 @@ CLEAN_MIN = 0.3
 MIN_WAIT_S = 0.010
 
 
+# --depth with a remote cloud when none is given (issue 52: `auto` becomes the default only where
+# bench/link.py shows it no slower than depth 1 at +0 ms and faster at +50 ms; docs/pipelining.md).
+REMOTE_DEPTH: int | str = 1
+
+
 def parse_depth(value: object) -> int | str:
     """`--depth` as given: an integer 1..MAX_DEPTH, or "auto"; InputError (one line) otherwise."""
     from ..errors import InputError

@@ -9,6 +9,11 @@ held-out sentences of the training voices (`val`), the held-out voices (`val_voi
 held-out synthesizer (`val_synth`), each clean and with 20-30 dB white noise, per attribute and per
 voice group (synthesizer and gender). `accuracy`/`noisy`/`mean_accuracy` stay those of `val`.
 
+On corpus v5 (demo contract v4) each held-out set is also evaluated through every channel family
+the corpus wrote it through (telephone, low bit-rate codec, room, noisy far field: `<set>_<family>`),
+and an attribute a clip leaves out (ambiguous) is scored over the clips labelled for it: each table
+says how many clips were scored per attribute.
+
 Everything goes through the model folders and the inference path: `from_pretrained`, and HF greedy
 `model.generate(**inputs, do_sample=False)`. The held-out inputs are the corpus's stored log-mels,
 which `corpus.log_mel` computed with `AudioTextProcessor.features` itself, and the prompt ids are
@@ -109,6 +114,9 @@ def curve(ent: list[float], dis: list[int], buckets: int = 10) -> dict:
 
 HELD_OUT = {"val": "held-out sentences, training voices", "val_voices": "held-out voices",
             "val_synth": "held-out synthesizer"}
+# The copies of each held-out set: "" is the clean set; v4 corpora have the noisy copy alone.
+COPIES = {"": "clean", "_noisy": "20-30 dB", "_telephone": "telephone", "_codec": "codec", "_room": "room",
+          "_far_field": "far field"}
 
 
 def voice_group(meta: dict) -> str:
@@ -128,15 +136,20 @@ def greedy_accuracy(model, tok, data: Corpus, clips: list[int]) -> tuple[dict, l
         for bucket in keys:
             h = hits.setdefault(bucket, {a: [0, 0] for a in ATTRIBUTES})
             for a in ATTRIBUTES:
-                h[a][0] += int(pred[a] == gold[a])
-                h[a][1] += 1
+                if a in gold:  # corpus v5's held-out clips leave an ambiguous attribute out
+                    h[a][0] += int(pred[a] == gold[a])
+                    h[a][1] += 1
         if len(examples) < 5:
             examples.append({"sentence": data.meta[i]["sentence"], "target": data.meta[i]["target"], "output": text,
                              **({"voice": data.meta[i]["voice"]} if "voice" in data.meta[i] else {})})
-    acc = {b: {a: c / n for a, (c, n) in h.items()} for b, h in hits.items()}
+    # an attribute no clip of the group was labelled for has no score (None), and the mean is over
+    # the attributes that have one
+    acc = {b: {a: c / n if n else None for a, (c, n) in h.items()} for b, h in hits.items()}
     for b, v in acc.items():
-        v["mean"] = sum(v[a] for a in ATTRIBUTES) / len(ATTRIBUTES)
+        scored = [v[a] for a in ATTRIBUTES if v[a] is not None]
+        v["mean"] = sum(scored) / len(scored) if scored else None
         v["clips"] = hits[b]["gender"][1]
+        v["scored"] = {a: n for a, (_, n) in hits[b].items()}
     return acc, examples
 
 
@@ -146,9 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", type=Path, default=CORPORA["v4"])
     ap.add_argument("--limit", type=int, default=None, help="evaluate only every n-th held-out clip up to N clips")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=("cloud", "edge"), default=None,
+                    help="evaluate one model (its greedy accuracy per set and channel) into --json, not the "
+                         "pair's REPORT.md (a before/after of one model costs half the time)")
+    ap.add_argument("--json", type=Path, default=None, help="with --only: where to write its figures")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.only:
+        only(args)
+        return
 
     edge, proc = load(args.models / "edge")
     cloud, proc_c = load(args.models / "cloud")
@@ -157,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     tok = proc.tokenizer
     spans = AttributeSpans(tok)
     names = [s for s in HELD_OUT if any(args.corpus.glob(f"{s}-*.json"))]
-    sets = {s: Corpus(s, tok, spans, args.corpus) for n in names for s in (n, f"{n}_noisy")}
+    copies = [c for c in COPIES if all(any(args.corpus.glob(f"{n}{c}-*.json")) for n in names)]
+    sets = {f"{n}{c}": Corpus(f"{n}{c}", tok, spans, args.corpus) for n in names for c in copies}
 
     def pick(n: int) -> list[int]:
         return list(range(n)) if not args.limit else list(range(0, n, max(1, n // args.limit)))[: args.limit]
@@ -169,15 +190,17 @@ def main(argv: list[str] | None = None) -> None:
         per_set = {}
         for n in names:
             acc, examples = greedy_accuracy(model, tok, sets[n], clips[n])
-            noisy, _ = greedy_accuracy(model, tok, sets[f"{n}_noisy"], clips[n])
-            per_set[n] = {"clean": acc, "noisy": noisy, "examples": examples}
+            per_set[n] = {"clean": acc, "examples": examples}
+            for c in copies[1:]:
+                per_set[n][COPIES[c] if c != "_noisy" else "noisy"] = greedy_accuracy(model, tok, sets[f"{n}{c}"],
+                                                                                       clips[n])[0]
         tf = evaluate_tf(model, sets["val"])
         val = per_set["val"]
         res["models"][name] = {"params": n_params(model), "accuracy": val["clean"], "noisy": val["noisy"]["all"],
                                "mean_accuracy": val["clean"]["all"]["mean"], "ms_per_token": ms_per_token(model, probe),
                                "heldout_nll": tf["nll"], "teacher_forced": tf["acc"], "examples": val["examples"],
                                "sets": per_set}
-        print(name, json.dumps({n: {"clean": v["clean"]["all"]["mean"], "noisy": v["noisy"]["all"]["mean"]}
+        print(name, json.dumps({n: {k: round(x["all"]["mean"], 4) for k, x in v.items() if k != "examples"}
                                 for n, v in per_set.items()}), flush=True)
     ent_all: list[float] = []
     dis_all: list[int] = []
@@ -196,6 +219,35 @@ def main(argv: list[str] | None = None) -> None:
     print(render_md(res))
 
 
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def only(args: argparse.Namespace) -> None:
+    """--only MODEL: one model's greedy accuracy on every held-out set and copy, as JSON."""
+    model, proc = load(args.models / args.only)
+    tok = proc.tokenizer
+    spans = AttributeSpans(tok)
+    names = [s for s in HELD_OUT if any(args.corpus.glob(f"{s}-*.json"))]
+    copies = [c for c in COPIES if all(any(args.corpus.glob(f"{n}{c}-*.json")) for n in names)]
+    out: dict = {"model": str(args.models / args.only), "corpus": str(args.corpus), "sets": {},
+                 "command": "python -m specdec_cli.demo.evaluate_pair --models " + str(args.models)
+                 + f" --corpus {args.corpus} --only {args.only}"}
+    for n in names:
+        for c in copies:
+            data = Corpus(f"{n}{c}", tok, spans, args.corpus)
+            n_clips = len(data)
+            pick = list(range(n_clips)) if not args.limit else list(range(0, n_clips, max(1, n_clips // args.limit)))[:args.limit]
+            acc, _ = greedy_accuracy(model, tok, data, pick)
+            out["sets"].setdefault(n, {})[COPIES[c] if c != "_noisy" else "noisy"] = acc
+            print(n, COPIES[c], round(acc["all"]["mean"], 4), flush=True)
+    text = json.dumps(out, ensure_ascii=False, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n", encoding="utf-8")
+    else:
+        print(text)
+
+
 def render_md(r: dict) -> str:
     """The human-readable report: per-bucket and noisy tables, cost, uncertainty."""
     e, c = r["models"]["edge"], r["models"]["cloud"]
@@ -207,26 +259,34 @@ def render_md(r: dict) -> str:
         for b in rows:
             if b in m["accuracy"]:
                 label = "all (clean)" if b == "all" else f"{b} characters"
-                out.append(f"| {label} | " + " | ".join(f"{m['accuracy'][b][x]:.1%}" for x in cols) + " |")
-        out.append("| all, 20-30 dB noise | " + " | ".join(f"{m['noisy'][x]:.1%}" for x in cols) + " |")
+                out.append(f"| {label} | " + " | ".join(_pct(m['accuracy'][b][x]) for x in cols) + " |")
+        out.append("| all, 20-30 dB noise | " + " | ".join(_pct(m['noisy'][x]) for x in cols) + " |")
         return out
 
     def sets_table(m: dict) -> list[str]:
         if "sets" not in m:
             return []
-        out = ["| held-out set | noise | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+        out = ["| held-out set | channel | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+        left_out = []
         for n, v in m["sets"].items():
-            for kind in ("clean", "noisy"):
-                out.append(f"| {HELD_OUT[n]} | {'20-30 dB' if kind == 'noisy' else 'clean'} | "
-                           + " | ".join(f"{v[kind]['all'][x]:.1%}" for x in cols) + " |")
+            for kind in (k for k in v if k != "examples"):
+                a = v[kind]["all"]
+                out.append(f"| {HELD_OUT[n]} | {'20-30 dB' if kind == 'noisy' else kind} | "
+                           + " | ".join(_pct(a[x]) for x in cols) + " |")
+                if any(a.get("scored", {}).get(x, a["clips"]) != a["clips"] for x in ATTRIBUTES):
+                    left_out.append(f"{HELD_OUT[n]}, {kind}: " + ", ".join(
+                        f"{x} {a['clips'] - a['scored'][x]}" for x in ATTRIBUTES if a["scored"][x] != a["clips"]))
+        if left_out:
+            out += ["", "Clips left out of an attribute's score (its measure fell in a gap between bands): "
+                    + "; ".join(left_out) + "."]
         out += ["", "Per voice group (synthesizer, gender), clean / noisy mean:", "",
                 "| held-out set | voice group | clips | " + " | ".join(cols) + " | noisy mean |",
                 "|---|---|---|" + "---|" * len(cols) + "---|"]
         for n, v in m["sets"].items():
             for g in sorted(k for k in v["clean"] if k.startswith("group:")):
                 c, z = v["clean"][g], v["noisy"].get(g, {})
-                out.append(f"| {HELD_OUT[n]} | {g[6:]} | {c.get('clips', '')} | " + " | ".join(f"{c[x]:.1%}" for x in cols)
-                           + f" | {z.get('mean', float('nan')):.1%} |")
+                out.append(f"| {HELD_OUT[n]} | {g[6:]} | {c.get('clips', '')} | " + " | ".join(_pct(c[x]) for x in cols)
+                           + f" | {_pct(z.get('mean'))} |")
         return out
 
     ec = r["entropy_curve"]
@@ -240,7 +300,9 @@ def render_md(r: dict) -> str:
          + (f"{cp['sizes']['train']} training clips" if cp["sizes"]["train"] else
             "held-out sets built alone (evaluating needs no training clips)") + "; held-out sets "
          + ", ".join(f"{HELD_OUT[n]} {k}" for n, k in r.get("sets", {}).items())
-         + " clips, clean and with 20-30 dB white noise." if "sizes" in cp else
+         + (" clips, clean, with 20-30 dB white noise and through a telephone line, a low bit-rate codec, a "
+            "room and a noisy far field (demo contract v4: the channel is part of the clip)"
+            if cp.get("contract", 0) >= 4 else " clips, clean and with 20-30 dB white noise.") if "sizes" in cp else
          "- Corpus: (its meta.json was not written yet)" if not cp else
          f"- Corpus v2: {cp['train_clips']} training clips ({cp['clip_hours']['train']:.1f} h), "
          f"{cp['val_clips']} held-out clips from held-out clauses, clean and with 20-30 dB white noise."),

@@ -25,7 +25,8 @@ is relative to the gender's reference, is then left out too.
 
 writes `DIR/labels.jsonl`: per audio file its measures and the bands that are clear of the gaps
 (the `labels` object `specdec eval` and `specdec calibrate` read; ambiguous attributes are listed
-under `ambiguous` and left out of `labels`).
+under `ambiguous` and left out of `labels`, and both score each attribute over the clips labelled
+for it). It needs the measure extra: pip install 'specdec-omni[measure]'.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def _praat():
     try:
         import parselmouth
         from parselmouth.praat import call
-    except ImportError as e:  # a dependency of the demo-build extra only
-        raise SystemExit("measuring needs praat-parselmouth: pip install praat-parselmouth") from e
+    except ImportError as e:  # the measure extra's one dependency (pyproject.toml), not the base install's
+        raise SystemExit("error: measuring needs praat-parselmouth, in specdec's measure extra: "
+                         "pip install 'specdec-omni[measure]'") from e
     return parselmouth, call
 
 
@@ -108,16 +110,7 @@ def measure(audio: np.ndarray, rate: int) -> Measures:
         return empty
 
     # --- de Jong & Wempe (2009), step by step as their Praat script does it ---
-    intensity = call(snd, "To Intensity", INTENSITY_FLOOR_HZ, 0.0, "yes")
-    max_int = call(intensity, "Get maximum", 0, 0, "Parabolic")
-    q99 = call(intensity, "Get quantile", 0, 0, 0.99)
-    min_int = call(intensity, "Get minimum", 0, 0, "Parabolic")
-    threshold = max(q99 + SILENCE_DB, min_int)
-    threshold_tg = SILENCE_DB - (max_int - q99)  # To TextGrid (silences) is relative to the maximum
-    grid = call(intensity, "To TextGrid (silences)", threshold_tg, MIN_PAUSE_S, MIN_SOUNDING_S, "silent", "sounding")
-    intervals = [(call(grid, "Get start time of interval", 1, k), call(grid, "Get end time of interval", 1, k),
-                  call(grid, "Get label of interval", 1, k))
-                 for k in range(1, call(grid, "Get number of intervals", 1) + 1)]
+    intensity, threshold, intervals = _silences(snd, call)
     sounding = [(a, b) for a, b, label in intervals if label == "sounding"]
     phonation = sum(b - a for a, b in sounding)
 
@@ -140,12 +133,7 @@ def measure(audio: np.ndarray, rate: int) -> Measures:
               if not math.isnan(call(voicing, "Get value at time", t, "Hertz", "Linear"))
               and any(a <= t <= b for a, b in sounding)]
 
-    level = None
-    if sounding:
-        idx = np.concatenate([np.arange(int(a * rate), min(len(x), int(math.ceil(b * rate)))) for a, b in sounding])
-        if len(idx):
-            rms = math.sqrt(float(np.mean(x[idx] ** 2)))
-            level = 20 * math.log10(max(rms, 1e-10))
+    level = _level(x, rate, sounding)
     span = (nuclei[-1] - nuclei[0]) if len(nuclei) >= 2 else 0.0
     inner = [(a, b) for a, b, label in intervals
              if label == "silent" and nuclei and nuclei[0] < a and b < nuclei[-1]]
@@ -156,6 +144,46 @@ def measure(audio: np.ndarray, rate: int) -> Measures:
         level_dbfs=None if level is None else round(level, 2), pauses=len(inner), pause_s=round(pause_s, 3),
         span_s=round(span, 3), pause_share=round(pause_s / span, 4) if span > 0 else 0.0,
     )
+
+
+def _silences(snd, call) -> tuple[object, float, list[tuple[float, float, str]]]:
+    """(Praat intensity, de Jong & Wempe's peak threshold, the silent/sounding intervals of Praat's
+    `To TextGrid (silences)`), the thresholds set from the intensity's 99th percentile as their
+    script does."""
+    intensity = call(snd, "To Intensity", INTENSITY_FLOOR_HZ, 0.0, "yes")
+    max_int = call(intensity, "Get maximum", 0, 0, "Parabolic")
+    q99 = call(intensity, "Get quantile", 0, 0, 0.99)
+    min_int = call(intensity, "Get minimum", 0, 0, "Parabolic")
+    threshold = max(q99 + SILENCE_DB, min_int)
+    threshold_tg = SILENCE_DB - (max_int - q99)  # To TextGrid (silences) is relative to the maximum
+    grid = call(intensity, "To TextGrid (silences)", threshold_tg, MIN_PAUSE_S, MIN_SOUNDING_S, "silent", "sounding")
+    intervals = [(call(grid, "Get start time of interval", 1, k), call(grid, "Get end time of interval", 1, k),
+                  call(grid, "Get label of interval", 1, k))
+                 for k in range(1, call(grid, "Get number of intervals", 1) + 1)]
+    return intensity, threshold, intervals
+
+
+def _level(x: np.ndarray, rate: int, sounding: list[tuple[float, float]]) -> float | None:
+    """dBFS of the samples inside the sounding intervals (None: none)."""
+    if not sounding:
+        return None
+    idx = np.concatenate([np.arange(int(a * rate), min(len(x), int(math.ceil(b * rate)))) for a, b in sounding])
+    if not len(idx):
+        return None
+    rms = math.sqrt(float(np.mean(x[idx] ** 2)))
+    return 20 * math.log10(max(rms, 1e-10))
+
+
+def measure_level(audio: np.ndarray, rate: int) -> float | None:
+    """The volume measure alone (`Measures.level_dbfs`, unrounded): the level of the sounding
+    intervals, found as `measure` finds them. A fraction of `measure`'s cost (no pitch, no nuclei):
+    demo contract v4 measures volume on the clip as heard, after its channel, and the rest before."""
+    parselmouth, call = _praat()
+    x = np.asarray(audio, dtype=np.float64)
+    if len(x) / rate < 0.1 or not np.any(x):
+        return None
+    _, _, intervals = _silences(parselmouth.Sound(x, sampling_frequency=rate), call)
+    return _level(x, rate, [(a, b) for a, b, label in intervals if label == "sounding"])
 
 
 def semitones(f0_hz: float, gender: str) -> float:

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -51,6 +51,7 @@ from . import answers, wire
 from .exchange import TIMEOUT_ENV, Answer, Exchange, Unusable, cloud_timeout, retry_after
 
 TOKEN_ENV = "SPECDEC_TOKEN"
+WAIT_UNSAID_S = 2.0  # a retry window shorter than this is not said while it runs (see _wait_said)
 RETRY_ENV = "SPECDEC_CLOUD_RETRY_S"  # how long a request keeps trying a down or full server (default 20)
 ERROR_TEXT_CHARS = 300  # of a server's error text quoted in a message
 # Requests sent without waiting (a session's close): each bounded in time, and at most this many
@@ -214,6 +215,13 @@ class RemoteClient:
         self.lead_s: deque[float] = deque(maxlen=32)
         self.upload_s: deque[float] = deque(maxlen=32)
         self._background_lock = threading.Lock()  # done-callbacks run on the exchange's thread
+        # Said out loud (issue 52): `on_wait(line)` when a request starts waiting out the retry window
+        # (what for, how long) and when the cloud answers again, after a wait or a give-up; None:
+        # nothing said. Requests run on worker threads too, so an outage is one per client
+        # (`_waiting_since`, from the first wait to the next answer), under a lock.
+        self.on_wait: Callable[[str], None] | None = None
+        self._waiting_since: float | None = None
+        self._wait_lock = threading.Lock()
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -427,6 +435,8 @@ class RemoteClient:
                     link.verifications += path == "/v1/verify"
             if answer is not None:
                 self._down = False
+                if answer.status != 503:
+                    self._answers_again()
                 with _COUNTING:
                     link.downlink_bytes += answer.wire_bytes
                     link.out_of_sync += answer.status == 409 and _error_code(answer) == "out_of_sync"
@@ -460,7 +470,30 @@ class RemoteClient:
                     raise self._failed(failure)
                 raise CloudError(f"the cloud at {self.url} stayed full for {retry_s:g} s (503: "
                                  f"{_error_text(answer)}); retry later, or start it with a larger --max-sessions")
+            self._wait_said(deadline, "is full (503)" if answer is not None else
+                          f"does not answer ({wire.first_line(failure) if failure is not None else 'no answer'})")
             time.sleep(wait)
+
+    def _wait_said(self, deadline: float, why: str) -> None:
+        """Said once per outage: the cloud `why`, and how long requests keep trying. A window
+        shorter than WAIT_UNSAID_S goes unsaid: no longer than a slow answer, and the error that
+        ends it (or nothing, when the cloud answers) is all a user needs."""
+        if deadline - time.monotonic() < WAIT_UNSAID_S:
+            return
+        with self._wait_lock:
+            if self._waiting_since is not None:
+                return
+            self._waiting_since = time.monotonic()
+        if self.on_wait is not None:
+            left = max(0.0, deadline - time.monotonic())
+            self.on_wait(f"the cloud at {self.url} {why}; retrying for up to {left:.0f} s, the clip waiting")
+
+    def _answers_again(self) -> None:
+        """Said after an outage that was said: the cloud answers again, and after how long."""
+        with self._wait_lock:
+            since, self._waiting_since = self._waiting_since, None
+        if since is not None and self.on_wait is not None:
+            self.on_wait(f"the cloud at {self.url} answers again, after {time.monotonic() - since:.1f} s")
 
     def _late(self) -> CloudDeadline:
         return CloudDeadline(f"the cloud at {self.url} did not finish the clip within its --cloud-deadline; "
