@@ -249,7 +249,8 @@ def run_against(fake, command: str, clips, tmp_path, *args: str):
 
     out = ["--out", str(tmp_path / "out.jsonl")] if command == "batch" else ["--json"]
     where = [str(clips)] if command == "batch" else [str(sorted(clips.glob("*.wav"))[0])]
-    return run_specdec("--threads", "1", command, *where, "--cloud", fake.url, *FAST, "--no-live", *args, *out,
+    live = ["--no-live"] if command == "describe" else []  # (batch has no live view)
+    return run_specdec("--threads", "1", command, *where, "--cloud", fake.url, *FAST, *live, *args, *out,
                        timeout=300)
 
 

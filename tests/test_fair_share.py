@@ -322,13 +322,13 @@ def test_a_flood_of_refused_requests_leaves_another_token_a_third_of_its_answers
     with Server("--token-file", str(tmp_path / "tokens"), log=tmp_path / "serve.log") as server:
         b = Verifying(server, clip(pair, 3.0))
         b.count(1.0)  # warm-up
-        alone = b.count(6.0)
+        alone = b.count(5.0)
         for name, request in floods.items():
             with Flood(server, request, 2) as flood:
                 time.sleep(1.0)
-                loaded[name] = b.count(6.0)
+                loaded[name] = b.count(5.0)
             refused[name] = {s: flood.statuses.count(s) for s in set(flood.statuses)}
-    assert alone >= 10, alone  # (B's loop works alone; few on a loaded machine)
+    assert alone > 20, alone  # (B's loop works alone)
     for name in floods:
         assert refused[name] and set(refused[name]) <= {"400", "404", "429"}, refused
         assert loaded[name] >= alone / 3, (name, loaded, alone, refused)
@@ -338,20 +338,19 @@ def test_a_flood_of_refused_requests_leaves_another_token_a_third_of_its_answers
 def test_refused_requests_are_paced_per_token_and_without_a_token(tmp_path):
     """Issue 55, findings 1 and 6: nothing bounded how many refused requests a token (or a client
     with no token) could have answered: four raw connections pipelining tiny refused verifications
-    took B to 35 %, /health without a token to 42 %. Now each token's refusals and reads (GET)
-    beyond --max-refusals-per-s (here 5; a burst of 10) wait before they are read, and the requests
+    took B to 35 %, /health without a token to 42 %. Now each token's refusals beyond
+    --max-refusals-per-s (here 5; a burst of 10) wait before they are read, and the requests
     without a valid token share one such limit. Counted: A's refusals answered in 3 s of pipelining
     from two connections (at most 10 + 5 x 3, and the requests that were waiting when the window
-    closed: 2 x 4 pipelined), the same for no token, and for A's /health; B's refusals meanwhile are
-    answered, and so is B's read."""
+    closed: 2 x 4 pipelined) and the same for no token; B's refusals meanwhile are answered, and so
+    is B's good request."""
     (tmp_path / "tokens").write_text("\n".join(TOKENS) + "\n")
     tiny = msgspec.msgpack.encode({"draft": [5], "session": "u" * 22, "held": 1, "pending": [5]})
     with Server("--token-file", str(tmp_path / "tokens"), "--max-refusals-per-s", "5",
                 log=tmp_path / "serve.log") as server:
         counts = {}
         for name, request in {"token": raw_request("POST", "/v1/verify", 0, tiny),
-                              "no token": raw_request("GET", "/health", None),
-                              "reads": raw_request("GET", "/health", 0)}.items():
+                              "no token": raw_request("GET", "/health", None)}.items():
             with Flood(server, request, 2, pipeline=4) as flood:
                 time.sleep(3.0)
                 answered = len(flood.statuses)
@@ -363,8 +362,8 @@ def test_refused_requests_are_paced_per_token_and_without_a_token(tmp_path):
             counts[name] = (answered, {s: flood.statuses.count(s) for s in set(flood.statuses)})
         paced = metric(server, "specdec_paced_requests")
     for name, (answered, statuses) in counts.items():
-        assert 1 <= answered <= 10 + 5 * 3 + 2 * 4, (name, counts)
-        assert set(statuses) <= {{"token": "404", "no token": "401", "reads": "200"}[name], "429"}, counts
+        assert 10 <= answered <= 10 + 5 * 3 + 2 * 4, (name, counts)
+        assert set(statuses) <= {"404" if name == "token" else "401", "429"}, counts
     assert b_refused == [404] * 10 and b_health == 200
     assert paced >= 2
 

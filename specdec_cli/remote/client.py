@@ -435,13 +435,13 @@ class RemoteClient:
                     link.verifications += path == "/v1/verify"
             if answer is not None:
                 self._down = False
-                if answer.status != 503:
-                    self._answers_again()
                 with _COUNTING:
                     link.downlink_bytes += answer.wire_bytes
                     link.out_of_sync += answer.status == 409 and _error_code(answer) == "out_of_sync"
                 upstream_lost = ((answer.status in UPSTREAM_LOST and not _error_code(answer))
                                  or (down_on_5xx and answer.status >= 500))
+                if answer.status != 503 and not upstream_lost:  # (a proxy's 5xx is no answer of the cloud's)
+                    self._answers_again()
                 if answer.status != 503 and not upstream_lost:
                     self._raise_for(answer, path)
                     if kind is None:

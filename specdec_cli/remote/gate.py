@@ -14,11 +14,8 @@ ASGI middleware before Starlette routes it.
   many requests waiting as it may have in flight, the next is answered 429 at once (Retry-After,
   connection closed). Why: a refusal costs the server reading, decoding and checking the request,
   and a client that is refused costs itself almost nothing; issue 55 measured one connection of
-  refused verifications take another token from 1,219 to 112 answers in 30 s. The reads (GET:
-  /health, /metrics, /openapi.json) count as well (finding 6: a flood of them, answered or not,
-  had no limit; a client reads /health once at its start and three times to measure its link, a
-  Prometheus every 15 s or so). A verification, generation, open or close that is answered is
-  never paced, whatever its rate.
+  refused verifications take another token from 1,219 to 112 answers in 30 s. A client that is
+  answered (200) is never paced, whatever its rate.
 """
 
 from __future__ import annotations
@@ -42,9 +39,9 @@ def head_bytes(scope: dict[str, Any]) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ())) + 2
 
 
-def counted(method: str, status: int) -> bool:
-    """A request that counts against its token's rate: a refusal, or a read."""
-    return (400 <= status < 500 and status not in (429, 499)) or (method == "GET" and status != 429)
+def refused(status: int) -> bool:
+    """An answer that counts against its token's rate of refusals."""
+    return 400 <= status < 500 and status not in (429, 499)
 
 
 class Gate:
@@ -67,8 +64,8 @@ class Gate:
                 self.paced()
         except Overdue as late:
             self.answered(429)
-            await error_response(429, "too_many_refusals", "this token is over its rate of refused requests and "
-                                 "reads (--max-refusals-per-s); retry after Retry-After",
+            await error_response(429, "too_many_refusals", "too many of this token's requests were refused "
+                                 "(over --max-refusals-per-s); retry after Retry-After",
                                  {"Retry-After": str(late.retry_after), "Connection": "close"})(scope, receive, send)
             return
         if oversized:
@@ -92,5 +89,5 @@ class Gate:
         try:
             await self.app(scope, receive, sending)
         finally:
-            if counted(scope.get("method", ""), status[0]):
+            if refused(status[0]):
                 self.pacer.charge(key)

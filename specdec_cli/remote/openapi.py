@@ -21,7 +21,7 @@ _ERRORS = {
     "408": "the body did not arrive within --body-timeout",
     "409": "the session is busy or out of step with the client",
     "413": "the body or the clip is over its limit",
-    "429": "this token is over its rate of refused requests and reads (--max-refusals-per-s; see Retry-After)",
+    "429": "too many of this token's requests were refused (over --max-refusals-per-s; see Retry-After)",
     "431": "the request head is over 64 KiB",
     "503": "every session or connection is busy (see Retry-After)",
 }

@@ -84,7 +84,7 @@ from .. import __version__
 from ..errors import InputError
 from . import access_log, fairness, gate, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
-from .sessions import EARLY_WAIT_S, CloudSession, MemoryReturn, Sessions
+from .sessions import CloudSession, MemoryReturn, Sessions
 
 SESSION_ID = re.compile(wire.SESSION_ID_PATTERN)
 
@@ -208,8 +208,6 @@ class Metrics:
         self.verifications = Counter("specdec_verifications", "Drafts verified", registry=r)
         self.out_of_sync = Counter("specdec_verifications_out_of_sync", "Verifications refused before any forward: "
                                    "the prefix they assume is not the session's (409 out_of_sync)", registry=r)
-        self.held = Counter("specdec_verifications_held", "Verifications that came before the verdict they "
-                            "follow and waited for it (blocks sent ahead, on other connections)", registry=r)
         self.generations = Counter("specdec_generations", "Cloud-only descriptions", registry=r)
         self.tokens = Counter("specdec_tokens_scored", "Tokens run through the model (prompts included)",
                               registry=r)
@@ -272,37 +270,35 @@ class Rendered:
     def __init__(self, every_s: float = METRICS_EVERY_S) -> None:
         self.every_s = every_s
         self._last: dict[Any, tuple[float, float]] = {}  # key -> when its last making started, ended
-        self._next: dict[Any, asyncio.Future] = {}     # key -> the making its callers now wait for
+        self._next: dict[Any, asyncio.Task] = {}       # key -> the making its callers now wait for
+        self._making: dict[Any, asyncio.Lock] = {}     # key -> held while one is made (one at a time)
 
     async def get(self, key: Any, make: Callable[[], Awaitable[bytes]]) -> bytes:
         upcoming = self._next.get(key)
         if upcoming is None:
-            wait = 0.0
-            if key in self._last:
-                started, ended = self._last[key]
-                wait = max(started + self.every_s, ended + 4 * (ended - started)) - time.monotonic()
-            upcoming = asyncio.ensure_future(self._make(key, make, max(0.0, wait)))
+            upcoming = asyncio.ensure_future(self._make(key, make))
             self._next[key] = upcoming
         return await asyncio.shield(upcoming)  # (a caller that leaves does not cancel the others')
 
-    async def _make(self, key: Any, make: Callable[[], Awaitable[bytes]], wait: float) -> bytes:
-        try:
-            if wait:
-                await asyncio.sleep(wait)
-        finally:
-            self._next.pop(key, None)  # callers from now on wait for the next making
-        started = time.monotonic()
-        try:
-            return await make()
-        finally:
-            self._last[key] = (started, time.monotonic())
+    async def _make(self, key: Any, make: Callable[[], Awaitable[bytes]]) -> bytes:
+        async with self._making.setdefault(key, asyncio.Lock()):  # after the making under way, if any
+            try:
+                if key in self._last:
+                    started, ended = self._last[key]
+                    wait = max(started + self.every_s, ended + 4 * (ended - started)) - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+            finally:
+                if self._next.get(key) is asyncio.current_task():
+                    del self._next[key]  # callers from now on wait for the next making
+            started = time.monotonic()
+            try:
+                return await make()
+            finally:
+                self._last[key] = (started, time.monotonic())
 
 
 _SESSION_LABEL = re.compile(rb'^specdec_session_prefills_(?:total|created)\{.*session="([^"]*)"')
-
-
-class _Again(Exception):
-    """The session was rebuilt while a verification waited for its turn: take the new one's."""
 
 
 def tenant_view(text: bytes, owners: dict[str, int], owner: int) -> bytes:
@@ -725,14 +721,20 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 # Its turn taken before anything can await: a verification of it sent before this
                 # verdict (protocol 3) waits behind this one instead of reading a cache being filled.
                 await session.turn.acquire()  # (a fresh lock: taken at once, no suspension)
-                turn.callback(turn_over, session)
+                turn.callback(session.turn.release)
                 sequence = prompt + list(req.pending)
             else:
                 # Protocol 3: one session's verifications run in arrival order, each checked against
                 # the session as the ones before it left it (a client may send the next one before
-                # this verdict); one that came before the verdict it follows waits for it.
-                session = await session_turn(req, owner)
-                turn.callback(turn_over, session)
+                # this verdict).
+                session = sessions.get(req.session, owner, queue=True)
+                session.queued += 1
+                try:
+                    await session.turn.acquire()
+                finally:
+                    session.queued -= 1
+                turn.callback(session.turn.release)
+                session = sessions.get(req.session, owner)  # still open (it may have ended meanwhile)
                 check_assumption(session, req)
                 check_ids(req.pending, "pending")
                 sequence_len = len(session.cloud) + len(req.pending)
@@ -763,9 +765,6 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             finally:
                 session.busy = False
                 session.last_used = time.monotonic()
-            if verdict.accepted < k:  # the next block sent ahead assumed all of this draft: it cannot run
-                full = sequence + list(req.draft)
-                session.doom(len(full), wire.prefix_hash(full[session.prompt_len:]))
             if verdict.ended:
                 sessions.end(session.id)
             # The token the next verification must start with, where the server drew it (a sampled
@@ -775,60 +774,6 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         metrics.tokens.inc(verdict.fed + verdict.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
         return answer(request, verdict)
-
-    def turn_over(session: CloudSession) -> None:
-        session.turn.release()
-        session.advance()
-
-    async def session_turn(req: wire.VerifyRequest, owner: int) -> CloudSession:
-        """The open session `req` verifies in, with its turn taken (the turns go in arrival order).
-        A verification that came before the verdict it follows (it assumes more tokens than the
-        session holds: blocks sent ahead travel on different connections, issue 55: 21-59 % of
-        valid ones were refused) gives the turn back and waits for the session to move on, up to
-        EARLY_WAIT_S in all (then it is checked, and refused, as it stands); it is refused at once
-        when its prefix is doomed (the verdict it assumed kept less than its draft). While it
-        waits it counts against the session's MAX_QUEUED."""
-        first = sessions.get(req.session, owner, queue=True)
-        first.queued += 1
-        until = time.monotonic() + EARLY_WAIT_S
-        session, waited = first, False
-        try:
-            while True:
-                await session.turn.acquire()
-                try:
-                    now = sessions.get(req.session, owner)  # still open (it may have ended meanwhile)
-                    if now is not session:  # rebuilt meanwhile: the new one's turn
-                        raise _Again
-                    if req.prefix is not None and (req.held, req.prefix) in session.doomed:
-                        doom_next(session, session.doomed[(req.held, req.prefix)], req)
-                        metrics.out_of_sync.inc()
-                        raise ApiError(409, "out_of_sync", "the verdict this request assumed kept less than its "
-                                                           "draft; nothing was run and the session is unchanged")
-                except _Again:
-                    session.turn.release()
-                    session = now
-                    continue
-                except BaseException:
-                    turn_over(session)
-                    raise
-                early = req.prefix is not None and req.held > len(session.cloud)
-                if not early or time.monotonic() >= until:
-                    return session
-                advanced = session.advanced
-                session.turn.release()  # (not turn_over: nothing changed, nobody else need look again)
-                if not waited:
-                    metrics.held.inc()
-                    waited = True
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(until - time.monotonic()):
-                        await advanced.wait()
-        finally:
-            first.queued -= 1
-
-    def doom_next(session: CloudSession, assumed: Any, req: wire.VerifyRequest) -> None:
-        """`req` will not run, its prefix hashing to `assumed`: the block sent after it, which
-        assumed its whole draft kept, cannot run either."""
-        session.doom(req.held + len(req.pending) + len(req.draft), wire.prefix_hash(req.pending + req.draft, assumed))
 
     def check_assumption(session: CloudSession, req: wire.VerifyRequest) -> None:
         """409 out_of_sync, before any forward and with the session unchanged, unless the request's
@@ -848,7 +793,6 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             raise ApiError(409, "out_of_sync", f"the session's {held} tokens are not the ones the request assumes "
                                                f"(digest); {unchanged}")
         if session.owed is not None and req.pending[:1] != [session.owed]:
-            doom_next(session, wire.prefix_hash(session.cloud.state.ids[session.prompt_len:held]), req)
             metrics.out_of_sync.inc()
             raise ApiError(409, "out_of_sync", "the request does not start with the token the last verdict gave; "
                                                f"{unchanged}")

@@ -21,7 +21,6 @@ from typing import Any
 from anyio import to_thread
 
 from .http_errors import ApiError
-from .wire import digest_of
 
 RETRY_AFTER_S = 1
 
@@ -42,28 +41,9 @@ class CloudSession:
     owed: int | None = None
     turn: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued: int = 0
-    # Issue 55: a verification that reached the server before the one it follows waits for that
-    # one's verdict, not holding the turn. `advanced` is set (and replaced) whenever a turn ends;
-    # `doomed`: the prefixes (held, digest) no verification can meet any more (a verdict that kept
-    # less than its whole draft dooms the prefix that assumed it all, and a refused verification
-    # the prefix that assumed it), each with its hash state (wire.prefix_hash) to doom the next.
-    advanced: asyncio.Event = field(default_factory=asyncio.Event)
-    doomed: OrderedDict = field(default_factory=OrderedDict)
-
-    def advance(self) -> None:
-        """A turn ended: whoever waits for the session to move on looks again."""
-        self.advanced.set()
-        self.advanced = asyncio.Event()
-
-    def doom(self, held: int, h: Any) -> None:
-        """No verification assuming the `held` tokens whose answer part hashes to `h` can run."""
-        self.doomed[(held, digest_of(h))] = h
-        while len(self.doomed) > 2 * MAX_QUEUED:
-            self.doomed.popitem(last=False)
 
 
 MAX_QUEUED = 4  # verifications of one session waiting for its turn (beyond that: 409 session_busy)
-EARLY_WAIT_S = 5.0  # how long a verification that came before the verdict it follows waits for it
 
 
 class Sessions:
@@ -203,7 +183,7 @@ class Sessions:
         return True
 
     def _drop(self, sid: str, why: str) -> None:
-        self._open.pop(sid).advance()  # (a verification waiting for it looks again: 404)
+        del self._open[sid]
         self.metrics.sessions.set(len(self._open))
         self.metrics.ended.labels(why).inc()
         if self.on_drop is not None:

@@ -405,19 +405,7 @@ def prefix_digest(tokens: list[int]) -> str:
     rather than the tokens since the last verdict: the server then needs no record of which
     verdict the client had seen, and hashing a few thousand ids costs microseconds. 64 bits: a
     stale request matches by chance with probability 2^-64."""
-    return digest_of(prefix_hash(tokens))
-
-
-def prefix_hash(tokens: list[int], start: Any = None) -> Any:
-    """The SHA-256 state prefix_digest reads, of `tokens`, or of `start`'s tokens followed by them
-    (a copy: `start` is left as it was)."""
-    h = hashlib.sha256() if start is None else start.copy()
-    h.update(np.asarray(tokens, dtype="<i8").tobytes())
-    return h
-
-
-def digest_of(h: Any) -> str:
-    return h.hexdigest()[:16]
+    return hashlib.sha256(np.asarray(tokens, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
 # -- fingerprints -----------------------------------------------------------------------------------
