@@ -609,9 +609,14 @@ def main() -> None:
     env = {"PYTHONPATH": str(Path(args.server_path).resolve())} if args.server_path else None
     out: dict = {k: v for k, v in vars(args).items() if k != "json"}
     out["loadavg_start"] = loadavg()
+    prelude = SERIES.format(n=args.series) if args.run == "metrics" else None
+    if prelude is not None and args.server_path:
+        # `python -c` puts its folder (this checkout, the server's cwd) before PYTHONPATH: put the
+        # other checkout first, or the server would run this one's code
+        prelude = f"import sys\nsys.path.insert(0, {str(Path(args.server_path).resolve())!r})\n{prelude}"
     server = Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
                     nofile=args.nofile if args.run == "slow" else None,
-                    prelude=SERIES.format(n=args.series) if args.run == "metrics" else None)
+                    prelude=prelude)
     server.start(timeout=600)  # (a loaded machine, or --series made first, can take minutes)
     try:
         out["start_line"] = server.lines[-1].strip()
