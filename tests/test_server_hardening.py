@@ -219,6 +219,20 @@ def test_a_streamed_flac_is_read_under_the_same_bound(server, pair):
     assert "no sample count in its header" in one_line_4xx(response)["error"]
 
 
+def test_a_clip_without_speech_is_refused_in_one_line_before_any_model_runs(server, pair):
+    """Issue 52: the client checks for speech before it sends (Pair.read), but a caller of the API
+    directly was heard: a 2 s tone got a speaker. Now the server holds it to the same policy."""
+    t = np.arange(2 * 16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    before = metric(server, "specdec_tokens_scored_total")
+    response = httpx.post(f"{server.url}/v1/verify", content=msgspec.msgpack.encode(opening(clip_of(pair, tone))),
+                          headers={**MP, **auth()}, timeout=120)
+    assert response.status_code == 400, response.text
+    error = one_line_4xx(response)["error"]
+    assert "holds no speech to describe" in error and "0.00 s of speech" in error
+    assert metric(server, "specdec_tokens_scored_total") == before  # no model ran
+
+
 # -- 2. a request fails only itself ------------------------------------------------------------------
 
 # A fault no validation can catch: any request whose draft holds 5 tokens fails while it is judged,

@@ -499,6 +499,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         import torch
 
         from ..processor import audio_token_count
+        from ..speech import NoSpeech, check_speech
 
         if clip.rate != hosted.rate:
             raise ApiError(400, "bad_clip", f"the clip is at {clip.rate} Hz; this model hears {hosted.rate} Hz")
@@ -512,6 +513,13 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         if len(audio) < hosted.min_samples:
             raise ApiError(400, "bad_clip", f"the clip holds {len(audio)} samples; at least {hosted.min_samples} "
                                             f"({hosted.min_samples / hosted.rate * 1000:g} ms) make one audio token")
+        # The client checks for speech before it sends (Pair.read); a caller of the API directly
+        # is held to the same policy (issue 52): a tone or noise gets no speaker. Here, in a worker
+        # thread in the token's prep turn: Silero costs ~22 ms of CPU per second of audio.
+        try:
+            check_speech(audio, hosted.rate, "the clip")
+        except NoSpeech as exc:
+            raise ApiError(400, "bad_clip", str(exc)) from None
         features, feature_mask = hosted.processor.features(audio)
         expected = audio_token_count(int(feature_mask.sum()))
         placed = sum(1 for t in clip.prompt_ids if t == hosted.audio_token_id)
