@@ -50,9 +50,10 @@ not exist). After `--ramp` s, B's answers are counted over `--window` s again. T
 B keeps at least a third (`b_loaded_over_unloaded` >= 0.33). Reported too: A's answers by status,
 and the CPU seconds the server process spent in each window.
 
-metrics (issue 55, finding 2): A opens and closes `--series` sessions (eager opens of a 1 s clip:
-each leaves a per-session series in /metrics), then polls /metrics from `--count` connections as
-fast as it can while B's answers are counted, as in refused.
+metrics (issue 55, finding 2): the server starts with `--series` per-session series of A's in
+/metrics (made in the server process before it starts, as that many sessions opened and closed
+would leave them: opening them would take minutes here), then A polls /metrics from `--count`
+connections as fast as it can while B's answers are counted, as in refused.
 
 Each run prints the load averages (the machine is shared: judge figures with them).
 """
@@ -509,13 +510,19 @@ def run_refused(args: argparse.Namespace, server: Server, clips: Clips, out: dic
             conn.close()
 
 
+SERIES = """
+from specdec_cli.remote import server as _server
+_init = _server.Metrics.__init__
+def _with_series(self):
+    _init(self)
+    for i in range({n}):
+        self.prefilled(f"{{i:08x}}", 0)
+_server.Metrics.__init__ = _with_series
+"""
+
+
 def run_metrics(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
-    body = wire.encode(wire.OpenRequest(clips.clip(1.0), settings()))
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        for _ in range(args.series):
-            r = client.post("/v1/sessions", content=body, headers=auth(0))
-            assert r.status_code == 200, r.text
-            client.delete(f"/v1/sessions/{msgspec.msgpack.decode(r.content)['session']}", headers=auth(0))
+    with httpx.Client(base_url=server.url, timeout=300) as client:
         text = client.get("/metrics", headers=auth(0)).content
     out["metrics_bytes"] = len(text)
     out["metrics_series"] = text.count(b"\nspecdec_session_prefills_total{")
@@ -586,7 +593,7 @@ def main() -> None:
                         default="unknown", help="refused: what A floods with")
     parser.add_argument("--ids", type=int, default=1 << 20, help="refused: ids in A's list")
     parser.add_argument("--pipeline", type=int, default=1, help="refused: A's requests sent before their answers")
-    parser.add_argument("--series", type=int, default=1400, help="metrics: A's sessions opened and closed first")
+    parser.add_argument("--series", type=int, default=4096, help="metrics: A's per-session series in /metrics")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -602,12 +609,22 @@ def main() -> None:
     env = {"PYTHONPATH": str(Path(args.server_path).resolve())} if args.server_path else None
     out: dict = {k: v for k, v in vars(args).items() if k != "json"}
     out["loadavg_start"] = loadavg()
-    with Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
-                nofile=args.nofile if args.run == "slow" else None) as server:
+    prelude = SERIES.format(n=args.series) if args.run == "metrics" else None
+    if prelude is not None and args.server_path:
+        # `python -c` puts its folder (this checkout, the server's cwd) before PYTHONPATH: put the
+        # other checkout first, or the server would run this one's code
+        prelude = f"import sys\nsys.path.insert(0, {str(Path(args.server_path).resolve())!r})\n{prelude}"
+    server = Server("--token-file", str(folder / "tokens"), *args.serve_flags, env=env, log=folder / "serve.log",
+                    nofile=args.nofile if args.run == "slow" else None,
+                    prelude=prelude)
+    server.start(timeout=600)  # (a loaded machine, or --series made first, can take minutes)
+    try:
         out["start_line"] = server.lines[-1].strip()
         {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy, "race": run_race,
          "refused": run_refused, "metrics": run_metrics}[args.run](args, server, clips, out)
         server.stop()
+    finally:
+        server.kill()
     out["log_lines"] = (folder / "serve.log").read_text(errors="replace").count("\n")
     out["loadavg_end"] = loadavg()
     if args.json:

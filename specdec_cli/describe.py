@@ -112,7 +112,7 @@ class Describer:
                 # The gate runs here, on the edge: the server only scores what it is sent.
                 result = speculative_decode(p.edge, cloud, inputs, cfg, p.masks, p.eos_ids, on_block, gate=p.gate,
                                             fallback=self.policy.edge,
-                                            depth=p.remote.depth_for(p.edge, cfg.k))
+                                            depth=p.remote.depth_for(p.edge, cfg.k, until))
             finally:
                 cloud.close()
             link = cloud.link

@@ -169,6 +169,8 @@ class Pair:
         if cfg.verify != "always" and "k" in preset_named(preset, list(self.spec.presets_files)).values:
             return settings
         k = remote.block_k(self.models.edge)
+        if k is None:  # the link could not be measured: the preset's k
+            return settings
         return replace(settings, cfg=cfg.with_(k=k), run=replace(settings.run, k=k))
 
     def settings(self, preset: str = "fluent", **settings: Any) -> DecodingConfig:

@@ -73,3 +73,26 @@ def test_the_api_describes_on_the_edge_with_edge(down_url, edge_alone):
 
     result = Pair(cloud=down_url, on_cloud_failure="edge").describe(CLIPS[1])
     assert result.description == edge_alone[str(CLIPS[1])] and result.record["fallback"] == "unreachable"
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("status, page", [
+    (502, b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"),
+    (503, b"<html><body><h1>503 Service Unavailable</h1>No server is available to handle this request.</body></html>"),
+])
+def test_a_proxy_whose_server_is_down_is_an_unreachable_cloud(status, page, edge_alone):
+    """Issue 55, finding 4: a proxy in front of a stopped server answers 502 (nginx) or 503
+    (HAProxy) with a page, not a refused connection. Before: the run stopped ("dropped", or "stayed
+    full"; exit 1, no description). Now a 5xx that is not specdec's own answer at the start is the
+    cloud being unreachable: the edge describes every clip, each marked, as for a refused
+    connection."""
+    from fake_cloud import FakeCloud, Reply
+
+    with FakeCloud(lambda request: Reply(status, page, {"content-type": "text/html"})) as proxy:
+        done = run_specdec("describe", str(CLIPS[0]), "--cloud", proxy.url, "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["description"] == edge_alone[str(CLIPS[0])]
+    assert record["fallback"] == "unreachable" and record["cloud_calls"] == 0
+    assert record["fallback_error"].startswith(f"cannot reach the cloud at {proxy.url} ({status}")
+    assert len(proxy.requests) == 1  # the start's /health, once

@@ -223,3 +223,85 @@ def test_a_bad_depth_is_one_line_exit_2(command, bad, clips, tmp_path):
     lines = done.stderr.splitlines()
     assert "Traceback" not in done.stderr and [line for line in lines if "--depth" in line] == lines[-1:], lines
     assert lines[-1].startswith("error: --depth") and "1 to 4" in lines[-1], lines
+
+
+# -- the link measurement under the clip's deadline (issue 55, finding 3) --------------------------
+
+def standin(later_health):
+    """A stand-in server (fake_cloud.FakeCloud): its first /health is a real server's, every later
+    one `later_health` (a proxy's 502 page, or one that never comes); verifications get a
+    consistent verdict."""
+    from fake_cloud import FakeCloud, Reply, consistent_verdict, identity, json_reply, msgpack_reply
+
+    def answer(request):
+        if request.path == "/health":
+            first = sum(r.path == "/health" for r in fake.requests) == 1
+            return json_reply(identity()) if first else later_health
+        if request.method == "DELETE":
+            return Reply(204)
+        return msgpack_reply(consistent_verdict(request.verify()))
+    fake = FakeCloud(answer)
+    return fake
+
+
+def run_against(fake, command: str, clips, tmp_path, *args: str):
+    from cli_helpers import FAST, run_specdec
+
+    out = ["--out", str(tmp_path / "out.jsonl")] if command == "batch" else ["--json"]
+    where = [str(clips)] if command == "batch" else [str(sorted(clips.glob("*.wav"))[0])]
+    live = ["--no-live"] if command == "describe" else []  # (batch has no live view)
+    return run_specdec("--threads", "1", command, *where, "--cloud", fake.url, *FAST, *live, *args, *out,
+                       timeout=300)
+
+
+def described(done, command: str, tmp_path) -> int:
+    """How many clips the run described (records with a description and no error)."""
+    import json
+
+    if command == "batch":
+        from specdec_cli.results import read_records
+
+        records = read_records(tmp_path / "out.jsonl")
+    else:
+        records = [json.loads(line) for line in done.stdout.splitlines()]
+    return sum(r["description"] is not None and r["error"] is None for r in records)
+
+
+PROXY_502 = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
+
+
+@pytest.mark.spawns
+@pytest.mark.parametrize("command, args", [("describe", ("--depth", "auto")), ("describe", ("--verify", "always")),
+                                           ("batch", ("--depth", "auto"))])
+def test_a_link_measurement_answered_502_leaves_depth_one_and_the_run_describes(command, args, clips, tmp_path):
+    """Before: a /health answered 502 text/html after the first (a proxy that lost its server a
+    moment) failed the measurement for --depth auto (or for k where it is free: --verify always),
+    and with it the clip: describe and batch exited 1 with no description (the batch wrote 0
+    records). Now the run goes on unmeasured, at depth 1 with the preset's k; the measurement is
+    not tried again (two /health in all: the start's and the one that failed)."""
+    from fake_cloud import Reply
+
+    with standin(Reply(502, PROXY_502, {"content-type": "text/html"})) as fake:
+        done = run_against(fake, command, clips, tmp_path, *args)
+    assert done.returncode == 0, done.stderr
+    assert described(done, command, tmp_path) == (2 if command == "batch" else 1), done.stderr
+    assert sum(r.path == "/health" for r in fake.requests) == 2
+    assert any(r.path == "/v1/verify" for r in fake.requests)
+
+
+@pytest.mark.spawns
+def test_a_link_measurement_that_gets_no_answer_gives_up_within_the_deadline(clips, tmp_path):
+    """Before: a /health that took 40-50 s held the measurement that long per call (three calls,
+    each retried), and the clip took 127-208 s against its 10 s --cloud-deadline; here one that never
+    answers held it for the request's timeout (15 s) and then failed the clip (exit 1). Now each
+    call of the measurement is bounded (2 s, within the clip's deadline) and tried once: the clip
+    is described, after one unanswered /health."""
+    from fake_cloud import Reply
+
+    with standin(Reply(hang=True)) as fake:
+        done = run_against(fake, "describe", clips, tmp_path, "--depth", "auto", "--cloud-deadline", "10",
+                           "--cloud-timeout", "15")
+    assert done.returncode == 0, done.stderr
+    assert described(done, "describe", tmp_path) == 1
+    assert sum(r.path == "/health" for r in fake.requests) == 2
+    assert any(r.path == "/v1/verify" for r in fake.requests)

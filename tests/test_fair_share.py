@@ -368,6 +368,74 @@ def test_refused_requests_are_paced_per_token_and_without_a_token(tmp_path):
     assert paced >= 2
 
 
+# The server's /metrics with every per-session series it keeps (4,096), all of token A's: opening
+# and closing that many sessions would take minutes here.
+SERIES = """
+from specdec_cli.remote import server as _server
+_init = _server.Metrics.__init__
+def _with_series(self):
+    _init(self)
+    for i in range(_server.PREFILL_LABELS):
+        self.prefilled(f"{i:08x}", 0)
+_server.Metrics.__init__ = _with_series
+"""
+
+
+@pytest.mark.spawns
+def test_polling_metrics_leaves_another_token_a_third_of_its_answers(tmp_path, pair):
+    """Issue 55, finding 2: each GET /metrics rendered every per-session series and filtered them
+    for the asking token on the event loop (~110 ms at 4,096 series), outside any cap: token A
+    polling it from two connections took B to 3 % of its answers. Now a token's view is rendered
+    at most once a second, in a worker thread. Counts in equal windows, in one run; the control:
+    A's polls are answered (200) and hold its 4,096 series."""
+    (tmp_path / "tokens").write_text("\n".join(TOKENS) + "\n")
+    # (no pacing of reads: --max-refusals-per-s 0, so that what is tested is how often it is made)
+    server = Server("--token-file", str(tmp_path / "tokens"), "--max-refusals-per-s", "0", prelude=SERIES,
+                    log=tmp_path / "serve.log")
+    try:
+        server.start(timeout=600)  # (4,096 series made first: slow on a loaded machine)
+        text = httpx.get(f"{server.url}/metrics", headers=auth(0), timeout=120).text
+        assert text.count("\nspecdec_session_prefills_total{") == 4096
+        b = Verifying(server, clip(pair, 3.0))
+        b.count(1.0)  # warm-up
+        alone = b.count(6.0)
+        with Flood(server, raw_request("GET", "/metrics", 0), 2) as flood:
+            time.sleep(1.0)
+            loaded = b.count(6.0)
+    finally:
+        server.kill()
+    polled = {s: flood.statuses.count(s) for s in set(flood.statuses)}
+    assert alone >= 10, alone  # (B's loop works alone; few on a loaded machine)
+    assert polled.get("200", 0) >= 2, polled
+    assert loaded >= alone / 3, (loaded, alone, polled)
+
+
+def test_metrics_are_made_once_for_every_caller_waiting_and_never_older_than_a_request():
+    """server.Rendered worked by hand: ten callers at once share one making; a caller that comes
+    while one is being made gets the next one (made after it came), not the one in progress; the
+    next making starts `every_s` after the one before (the clock's order of events is checked,
+    not their times)."""
+    from specdec_cli.remote.server import Rendered
+
+    async def scenario() -> tuple[list[bytes], bytes, list[str]]:
+        rendered, made, log = Rendered(every_s=0.05), [0], []
+
+        async def make() -> bytes:
+            made[0] += 1
+            log.append(f"start {made[0]}")
+            await asyncio.sleep(0.01)
+            log.append(f"end {made[0]}")
+            return str(made[0]).encode()
+        first = [asyncio.ensure_future(rendered.get("A", make)) for _ in range(10)]
+        await asyncio.sleep(0.005)  # the first making is under way
+        late = asyncio.ensure_future(rendered.get("A", make))
+        texts = await asyncio.gather(*first)
+        return texts, await late, log
+    texts, late, log = asyncio.run(scenario())
+    assert texts == [b"1"] * 10 and late == b"2"
+    assert log == ["start 1", "end 1", "start 2", "end 2"]
+
+
 def test_a_pacer_holds_a_key_over_its_rate_and_not_the_others():
     """fairness.Pacer worked by hand (2 a second, a burst of 4, a clock the test moves): four
     refusals pass, the fifth puts the key 0.5 s over; 0.5 s later it is within again; another key is

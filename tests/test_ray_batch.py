@@ -251,3 +251,22 @@ def test_workers_that_cannot_load_stop_the_run_with_their_reason(local_ray, tmp_
                                            r"tokenizer of '/nowhere'\)"):
         list(describe_all(clips))
     assert sorted((e.index, e.kind) for e in events) == [(0, "failed"), (1, "failed")]
+
+
+def test_a_killed_runs_token_folder_is_removed_at_the_next_start(tmp_path):
+    """Issue 55, finding 8: a fleet (or `batch --ray auto`) killed with SIGKILL never reached the
+    `finally` that removes its private Ray's token folder (0600 token inside). Now the folder is
+    named with its process's pid, and the next start removes the folders whose process is gone:
+    not one whose process is alive, nor one of an older specdec (no pid in its name)."""
+    import subprocess
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{ray_batch.TOKEN_FOLDER}{gone.pid}-abc123"
+    alive = tmp_path / f"{ray_batch.TOKEN_FOLDER}{os.getpid()}-def456"
+    older = tmp_path / f"{ray_batch.TOKEN_FOLDER}abcdefgh"
+    for folder in (dead, alive, older):
+        folder.mkdir(mode=0o700)
+        (folder / "auth_token").write_text("0" * 64)
+    assert ray_batch.remove_orphan_token_folders(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and older.exists()

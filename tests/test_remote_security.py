@@ -103,6 +103,22 @@ def test_the_client_with_the_token_describes_and_without_it_is_told_what_to_do(s
     assert ok.stdout.strip() == Pair().describe(SAMPLE, preset="quality").description
 
 
+def test_a_head_over_64_kib_is_refused_even_in_one_piece(server):
+    """Issue 55, finding 8: a head over the documented 64 KiB was refused only while it arrived in
+    pieces (h11's limit); a 70 KB head sent at once was served. Now 431, the connection closed;
+    a head just under the limit is served (the control)."""
+    def head(pad: int) -> bytes:
+        return (f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS[0]}\r\n"
+                f"X-Pad: {'a' * pad}\r\n\r\n").encode()
+
+    def status(request: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(request)
+            return sock.recv(64).split(b"\r\n", 1)[0]
+    assert status(head(70_000)) == b"HTTP/1.1 431 Request Header Fields Too Large"
+    assert status(head(60_000)) == b"HTTP/1.1 200 OK"
+
+
 def test_listening_beyond_loopback_without_a_token_is_refused_at_start():
     env = {**os.environ}
     env.pop("SPECDEC_TOKEN", None)

@@ -203,6 +203,24 @@ def test_a_described_clip_carries_one_id_from_its_first_request_and_is_logged(se
     assert (prefix := verifies[0].group(6)) in prefills(server, 1) and prefills(server, 1)[prefix] == 1
 
 
+def test_a_strangers_long_paths_are_refused_before_routing_and_logged_cut(server):
+    """Issue 55, finding 7: an unknown route or a wrong method was answered (404, 405) before the
+    token was looked at, and the whole path, up to ~64 KB, went into the access log (five 60 KB
+    paths added ~300 KB). Now a request without a valid token is answered 401 whatever its route,
+    and a logged path is at most 64 characters and a `…`."""
+    before = len(server.log.read_text())
+    for _ in range(5):
+        r = httpx.get(f"{server.url}/{'x' * 60_000}", timeout=30)
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized", r.text
+    assert httpx.put(f"{server.url}/health", timeout=30).status_code == 401
+    assert httpx.delete(f"{server.url}/v1/verify", timeout=30).status_code == 401
+    assert httpx.get(f"{server.url}/{'x' * 60_000}", headers=auth(0), timeout=30).status_code == 404  # (the control)
+    added = server.log.read_text()[before:]
+    lines = added.splitlines()
+    assert len(lines) == 8 and all(len(line) < 200 for line in lines), [len(line) for line in lines]
+    assert sum(line.count(" /" + "x" * 63 + "… ") for line in lines) == 6
+
+
 def test_quiet_logs_no_request(tmp_path):
     with Server(log=tmp_path / "serve.log") as quiet:  # the helper's default: --quiet
         assert httpx.get(f"{quiet.url}/health", timeout=30).status_code == 200

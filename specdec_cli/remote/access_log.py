@@ -29,6 +29,7 @@ __all__ = ["LEVELS", "AccessLog", "configure"]
 LOGGER = "specdec.access"
 LEVELS = ("critical", "error", "warning", "info", "debug")  # uvicorn's --log-level names
 PREFIX = 8  # characters of a session id shown
+PATH_CHARS = 64  # characters of any other path shown (issue 55: a 60 KB path went into the log whole)
 FORMAT = '%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s %(took)s session %(session)s'
 _SESSION_HEADER = wire.SESSION_HEADER.lower().encode()
 _SESSION_PATH = "/v1/sessions/"
@@ -51,11 +52,12 @@ def configure(level: str = "info", stream: Any = None) -> logging.Logger:
 
 def route_of(path: str) -> tuple[str, str]:
     """The path as logged and the session prefix it names: a session's own path is cut to its
-    prefix (`/v1/sessions/AbCdEfGh…`); anything else as it came."""
+    prefix (`/v1/sessions/AbCdEfGh…`); anything else to its first PATH_CHARS characters (every
+    route of the API is shorter), `…` marking a cut."""
     if path.startswith(_SESSION_PATH) and len(path) > len(_SESSION_PATH):
         sid = "".join(c for c in path[len(_SESSION_PATH):][:PREFIX] if c.isalnum() or c in "-_")
         return f"{_SESSION_PATH}{sid[:PREFIX]}…", sid[:PREFIX]
-    return path, "-"
+    return (path if len(path) <= PATH_CHARS else path[:PATH_CHARS] + "…"), "-"
 
 
 class AccessLog:
@@ -81,7 +83,7 @@ class AccessLog:
         finally:
             # The decoded path, quoted back (no space or control character reaches the log); not
             # raw_path, which a Ray Serve replica is given cut to its route prefix.
-            path, session = route_of(quote(scope.get("path", ""), safe="/:@!$&'()*+,;=-._~"))
+            path, session = route_of(quote(scope.get("path", "")[:4 * PATH_CHARS], safe="/:@!$&'()*+,;=-._~"))
             for name, value in scope.get("headers", ()):
                 if name == _SESSION_HEADER:
                     # a client's header: only the id's own characters are shown (no log injection)

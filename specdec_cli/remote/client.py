@@ -65,6 +65,11 @@ UPLOADS = ("eager", "lazy", "auto")  # --upload: when a clip goes up (RemoteClie
 # --depth: verifications one clip may have in flight (decoding/block_length.py: MAX_DEPTH, 4, the
 # server's sessions.MAX_QUEUED; the rule for `auto`).
 RECENT_BLOCKS = 64  # --depth auto: the acceptance of this run's last verified blocks
+# The link measurement (--depth auto, and k where it is free): each of its GET /health may take
+# this long, within the clip's deadline, and is tried once. A failure (an error, a 5xx, no answer
+# in time) leaves the run at depth 1 and the preset's k (issue 55: a /health that failed or took
+# 40 s failed the clip, or held it far past its deadline).
+MEASURE_S = 2.0
 # Link counters are added to from every thread a clip's requests run on (several verifications in
 # flight): one lock, held for a few additions.
 _COUNTING = threading.Lock()
@@ -109,6 +114,7 @@ class CloudDropped(CloudError):
     """The server took the connection and closed it without answering, for the whole retry window."""
 
     cloud_failure = "dropped"
+    why = ""  # the last attempt's failure, in a few words
 
 
 class CloudTimeout(CloudError):
@@ -197,6 +203,7 @@ class RemoteClient:
         self._worker_size = 0
         self._block_k: int | None = None  # block_k(), once measured
         self.rtt_s = self.edge_token_s = 0.0
+        self.unmeasured: str | None = None  # why the link could not be measured (then never tried again)
         # When a clip goes up: "lazy" at its first verification (a clip the edge keeps sends
         # nothing); "eager" at its start, in the background (`POST /v1/sessions`: the server
         # prefills while the edge drafts); "auto" decides per clip from this run's clips so far
@@ -219,8 +226,17 @@ class RemoteClient:
     # -- identity ---------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """The server's /health, checked (one quick try: at start-up a down server is an error at once)."""
-        body = self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP, retry_s=0.0)
+        """The server's /health, checked (one quick try: at start-up a down server is an error at
+        once). A 5xx that is not specdec's own answer (a proxy in front of a stopped server answers
+        502, HAProxy 503), or a connection dropped unanswered, is the cloud being unreachable: the
+        run then describes on the edge when it may (issue 55: it was "dropped", exit 1)."""
+        try:
+            body = self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP, retry_s=0.0,
+                             down_on_5xx=True)
+        except CloudDropped as exc:
+            self._down = True
+            raise CloudUnreachable(f"cannot reach the cloud at {self.url} ({exc.why}); start `specdec serve` "
+                                   "(behind the proxy) or check --cloud") from None
         self.info = self.check(answers.health, body)
         return self.info
 
@@ -255,39 +271,55 @@ class RemoteClient:
             return PRIOR_ACCEPTANCE, None
         return sum(a for a, _ in recent) / drafted, sum(a == d for a, d in recent) / len(recent)
 
-    def depth_for(self, edge: Any, k: int) -> int:
+    def depth_for(self, edge: Any, k: int, until: float | None = None) -> int:
         """The depth a clip decodes with: the one set, or with "auto" decoding/block_length.py's
         rule from the round trip and the edge's step (measured once per run, as for `block_k`; the
         cloud's forward counts as 0 there too), the clip's k and the share of the last verified
-        blocks that came back whole."""
+        blocks that came back whole. `until`: the clip's deadline, which the measurement keeps;
+        a link that could not be measured decodes at depth 1."""
         if self._depth != "auto":
             return int(self._depth)
-        self.measure(edge)
+        if not self.measure(edge, until):
+            return 1
         acceptance, clean = self.acceptance()
         return best_depth(self.rtt_s, self.edge_token_s, k, acceptance, clean)
 
-    def measure(self, edge: Any) -> None:
+    def measure(self, edge: Any, until: float | None = None) -> bool:
         """The round trip (median of three GET /health) and the edge's time per token (median of
-        five one-token steps of `edge` on a short text prompt), once per run."""
+        five one-token steps of `edge` on a short text prompt), once per run. Each /health is tried
+        once, within MEASURE_S and the clip's deadline `until`; False when one fails (`unmeasured`
+        says why; the run is not measured again)."""
         if self.edge_token_s > 0:
-            return
+            return True
+        if self.unmeasured is not None:
+            return False
         trips = []
-        for _ in range(3):
-            started = time.perf_counter()
-            self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP)
-            trips.append(time.perf_counter() - started)
+        try:
+            for _ in range(3):
+                started = time.perf_counter()
+                limit = time.monotonic() + MEASURE_S
+                self.call("GET", "/health", None, bytes, LinkStats(), cap=answers.HEALTH_CAP, retry_s=0.0,
+                          until=limit if until is None else min(limit, until), down_on_5xx=True)
+                trips.append(time.perf_counter() - started)
+        except SpecdecError as exc:  # down, refusing, a proxy's 5xx, too slow: the run goes on unmeasured
+            self.unmeasured = exc.message
+            log.debug("the link to %s could not be measured (%s): depth 1 and the preset's k", self.url, exc.message)
+            return False
         self.rtt_s = sorted(trips)[1]
         self.edge_token_s = edge_token_time(edge)
+        return True
 
-    def block_k(self, edge: Any) -> int:
+    def block_k(self, edge: Any) -> int | None:
         """The block length for this link (decoding/block_length.py), measured once per run: the
         round trip (median of three GET /health), the edge's time per token (median of five
         one-token steps of `edge` on a short text prompt). The cloud's forward is not known here
-        and counts as 0 (its share of the wait is the round trip's server time)."""
+        and counts as 0 (its share of the wait is the round trip's server time). None when the
+        link could not be measured (the caller keeps its preset's k)."""
         if self._block_k is None:
             from ..decoding.block_length import best_k
 
-            self.measure(edge)
+            if not self.measure(edge):
+                return None
             self._block_k = best_k(self.rtt_s, self.edge_token_s)
         return self._block_k
 
@@ -355,14 +387,16 @@ class RemoteClient:
 
     def call(self, method: str, path: str, message: msgspec.Struct | None, kind: type | None,
              link: LinkStats, cap: int | None = None, retry_s: float | None = None, session: str | None = None,
-             until: float | None = None) -> Any:
+             until: float | None = None, down_on_5xx: bool = False) -> Any:
         """One request, retried while the server is unreachable or full, within `retry_s` (default:
         the client's); every attempt is counted in `link`. `session`: the clip's session id, sent
         in the X-Session-Id header (a session-affine router's key: every request of a clip, the
         first included, reaches the replica that holds or will hold its session). Returns the decoded
         answer (None when `kind` is None, the body when it is `bytes`); `cap`: the most bytes the answer's body may take (default: one
         verdict with its probability row at the vocabulary /health reported). `until`: the clip's
-        deadline (time.monotonic()): no attempt outlives it, none starts after it (CloudDeadline)."""
+        deadline (time.monotonic()): no attempt outlives it, none starts after it (CloudDeadline).
+        `down_on_5xx`: any 5xx is taken for a proxy that lost its server (CloudDropped once retrying
+        is over), specdec's own 503 included (a /health is never refused as busy)."""
         body = wire.encode(message) if message is not None else b""
         cap = answers.answer_cap(self.vocab) if cap is None else cap
         retry_s = self.retry_s if retry_s is None else retry_s
@@ -401,12 +435,13 @@ class RemoteClient:
                     link.verifications += path == "/v1/verify"
             if answer is not None:
                 self._down = False
-                if answer.status != 503:
-                    self._answers_again()
                 with _COUNTING:
                     link.downlink_bytes += answer.wire_bytes
                     link.out_of_sync += answer.status == 409 and _error_code(answer) == "out_of_sync"
-                upstream_lost = answer.status in UPSTREAM_LOST and not _error_code(answer)
+                upstream_lost = ((answer.status in UPSTREAM_LOST and not _error_code(answer))
+                                 or (down_on_5xx and answer.status >= 500))
+                if answer.status != 503 and not upstream_lost:  # (a proxy's 5xx is no answer of the cloud's)
+                    self._answers_again()
                 if answer.status != 503 and not upstream_lost:
                     self._raise_for(answer, path)
                     if kind is None:
@@ -499,8 +534,10 @@ class RemoteClient:
             self._down = True
             return CloudUnreachable(f"cannot reach the cloud at {self.url} ({why}); start it with "
                                     "`specdec serve --cloud PATH_OR_ID` or check --cloud")
-        return CloudDropped(f"the cloud at {self.url} dropped the connection without answering ({why}); "
-                            "check its log, or retry")
+        dropped = CloudDropped(f"the cloud at {self.url} dropped the connection without answering ({why}); "
+                               "check its log, or retry")
+        dropped.why = why
+        return dropped
 
     # -- per clip ---------------------------------------------------------------------------------
 

@@ -22,12 +22,13 @@ _ERRORS = {
     "409": "the session is busy or out of step with the client",
     "413": "the body or the clip is over its limit",
     "429": "too many of this token's requests were refused (over --max-refusals-per-s; see Retry-After)",
+    "431": "the request head is over 64 KiB",
     "503": "every session or connection is busy (see Retry-After)",
 }
 
 
 def _errors(*codes: str) -> dict[str, Any]:
-    """Every operation may be answered 401 and 429 before it is routed (gate.py)."""
+    """Every operation may be answered 401, 429 and 431 before it is routed (gate.py)."""
     error = {"application/json": {"schema": {"$ref": _REF.format(name="ErrorBody")}}}
     return {code: {"description": _ERRORS[code], "content": error} for code in codes}
 
@@ -52,40 +53,40 @@ def document() -> dict[str, Any]:
     paths = {
         "/health": {"get": {
             "operationId": "health", "summary": "What the server hosts and how it is set up",
-            "responses": {"200": {"description": "the server is up", "content": json_of("Health")}, **_errors("401", "429")}}},
+            "responses": {"200": {"description": "the server is up", "content": json_of("Health")}, **_errors("401", "429", "431")}}},
         "/metrics": {"get": {
             "operationId": "metrics", "summary": "Prometheus metrics (text format)",
             "responses": {"200": {"description": "the metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                          **_errors("401", "429")}}},
+                          **_errors("401", "429", "431")}}},
         "/openapi.json": {"get": {
             "operationId": "openapi", "summary": "This document",
             "responses": {"200": {"description": "the OpenAPI document",
                                   "content": {"application/json": {"schema": {"type": "object"}}}},
-                          **_errors("401", "429")}}},
+                          **_errors("401", "429", "431")}}},
         "/v1/verify": {"post": {
             "operationId": "verify",
             "summary": "Open a session (with the clip and the decoding settings) and/or verify a draft in it",
             "description": "The answer is MessagePack unless the request's Accept header asks for JSON only.",
             "requestBody": {"required": True, **_message("VerifyRequest", "the draft, and to open a session the clip")},
             "responses": {"200": _message("VerifyResponse", "the verdict"),
-                          **_errors("400", "401", "404", "408", "409", "413", "503", "429")}}},
+                          **_errors("400", "401", "404", "408", "409", "413", "503", "429", "431")}}},
         "/v1/generate": {"post": {
             "operationId": "generate", "summary": "Cloud-only: the whole description in one request",
             "requestBody": {"required": True, **_message("GenerateRequest", "the clip and the decoding settings")},
             "responses": {"200": _message("GenerateResponse", "the description's tokens and the work counters"),
-                          **_errors("400", "401", "408", "413", "429")}}},
+                          **_errors("400", "401", "408", "413", "429", "431")}}},
         "/v1/sessions": {"post": {
             "operationId": "open",
             "summary": "Open a session with the clip and run its prefill now (the client's --upload eager)",
             "requestBody": {"required": True, **_message("OpenRequest", "the clip and the decoding settings")},
             "responses": {"200": _message("Opened", "the session, prefilled"),
-                          **_errors("400", "401", "408", "413", "503", "429")}}},
+                          **_errors("400", "401", "408", "413", "503", "429", "431")}}},
         "/v1/sessions/{sid}": {"delete": {
             "operationId": "close", "summary": "Close a session",
             "parameters": [{"name": "sid", "in": "path", "required": True,
                             "schema": {"type": "string", "minLength": 1, "maxLength": wire.MAX_SESSION_ID}}],
             "responses": {"200": {"description": "closed", "content": json_of("Closed")},
-                          **_errors("401", "404", "409", "429")}}},
+                          **_errors("401", "404", "409", "429", "431")}}},
     }
     return {
         "openapi": "3.1.0",

@@ -101,6 +101,7 @@ MAX_WAITING_PER_TOKEN = 8  # requests of one token waiting for a turn of the mod
 PREP_SLOTS = 2            # clips decoded (samples -> features) at once
 FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next request (fairness.Turns, batching)
 FAIR_CREDIT_S = 0.5       # model time a token may stay behind the least served active one (fairness.Turns.lift)
+METRICS_EVERY_S = 1.0     # /metrics is rendered at most this often for each token's view (Rendered)
 MAX_REFUSALS_PER_S = 10.0  # refused requests a second per token before its next ones wait (gate.py; burst: twice)
 
 
@@ -244,11 +245,57 @@ class Metrics:
         """The token whose session each per-session series is (a series of 8 characters of an id)."""
         return dict(self._prefill_labels)
 
-    def exposition(self, owner: int | None = None) -> bytes:
+    def exposition(self, owner: int | None = None, owners: dict[str, int] | None = None) -> bytes:
         """The Prometheus text; `owner`: only that token's per-session series (least disclosure
-        between tenants, issue 42: any token saw every tenant's session prefixes and prefills)."""
+        between tenants, issue 42: any token saw every tenant's session prefixes and prefills),
+        by `owners` (label_owners(), taken on the event loop when this runs in a worker thread)."""
         text = generate_latest(self.registry)
-        return text if owner is None else tenant_view(text, self.label_owners(), owner)
+        return text if owner is None else tenant_view(text, self.label_owners() if owners is None else owners, owner)
+
+
+class Rendered:
+    """A text made at most once per `every_s` for each key (a token's view of /metrics), in a
+    worker thread, and never more than a fifth of the time: a caller waits for the next making
+    that starts after it came (never an older text than its request), which starts `every_s`
+    after the one before began at the earliest, and four times as long as that one took after it
+    ended; every caller waiting then gets that one.
+
+    Why (issue 55): /metrics rendered every per-session series (up to PREFILL_LABELS) and filtered
+    them for the asking token on the event loop, ~30 ms at 1,400 series and ~110 ms at 4,096, for
+    every request: a token polling it from two connections took another token's verifications to
+    3 % of their rate. Polled as fast as a client can, it is now made once a second (less often
+    when it takes long: on a loaded machine 4,096 series took 2.5 s), and the pollers wait for it.
+    Written by hand: prometheus_client renders on each call."""
+
+    def __init__(self, every_s: float = METRICS_EVERY_S) -> None:
+        self.every_s = every_s
+        self._last: dict[Any, tuple[float, float]] = {}  # key -> when its last making started, ended
+        self._next: dict[Any, asyncio.Task] = {}       # key -> the making its callers now wait for
+        self._making: dict[Any, asyncio.Lock] = {}     # key -> held while one is made (one at a time)
+
+    async def get(self, key: Any, make: Callable[[], Awaitable[bytes]]) -> bytes:
+        upcoming = self._next.get(key)
+        if upcoming is None:
+            upcoming = asyncio.ensure_future(self._make(key, make))
+            self._next[key] = upcoming
+        return await asyncio.shield(upcoming)  # (a caller that leaves does not cancel the others')
+
+    async def _make(self, key: Any, make: Callable[[], Awaitable[bytes]]) -> bytes:
+        async with self._making.setdefault(key, asyncio.Lock()):  # after the making under way, if any
+            try:
+                if key in self._last:
+                    started, ended = self._last[key]
+                    wait = max(started + self.every_s, ended + 4 * (ended - started)) - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+            finally:
+                if self._next.get(key) is asyncio.current_task():
+                    del self._next[key]  # callers from now on wait for the next making
+            started = time.monotonic()
+            try:
+                return await make()
+            finally:
+                self._last[key] = (started, time.monotonic())
 
 
 _SESSION_LABEL = re.compile(rb'^specdec_session_prefills_(?:total|created)\{.*session="([^"]*)"')
@@ -362,6 +409,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     # Bodies: the longest clip as float32 (FLAC is smaller) plus room for ids and settings.
     body_cap = hosted.max_samples * 4 + 1024 * 1024
     document = openapi.document()
+    rendered = Rendered()  # /metrics, each token's view at most once a second
     hosted.min_samples  # found once, now, not in the first request  # noqa: B018
 
     def token_of(given: str) -> int | None:
@@ -585,7 +633,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
 
     async def metrics_endpoint(request: Request) -> Response:
         owner = owner_of(request)  # (no expire() here: the sweeper ends idle sessions, and /metrics shows it)
-        return Response(metrics.exposition(owner if tokens else None), media_type=CONTENT_TYPE_LATEST)
+        view = owner if tokens else None
+
+        def make() -> Awaitable[bytes]:
+            owners = metrics.label_owners()  # (taken on the loop, which changes the table)
+            return to_thread.run_sync(metrics.exposition, view, owners)
+        return Response(await rendered.get(view, make), media_type=CONTENT_TYPE_LATEST)
 
     async def openapi_endpoint(request: Request) -> Response:
         owner_of(request)
@@ -875,6 +928,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
     app.state.stopping = stopping
     app.state.sessions = sessions
     app.state.metrics = metrics
+    app.state.rendered = rendered
     app.state.owner_of = owner_of     # (a fleet's /health and /metrics show each token its own)
     app.state.tenants = bool(tokens)
     app.state.memory = memory

@@ -91,6 +91,31 @@ def _terminal() -> bool:
         return False
 
 
+TOKEN_FOLDER = "specdec-ray-"  # + the owner's pid + "-" + random: a private local Ray's token folder
+
+
+def remove_orphan_token_folders(where: Path | None = None) -> list[Path]:
+    """Remove the token folders (private_local_ray) of this user's processes that are gone: one
+    killed with SIGKILL never reached its `finally` (issue 55: the folder, its token 0600 inside,
+    stayed). A folder whose pid is alive (ours, or a pid reused since) is kept. The ones removed."""
+    import shutil
+    import tempfile
+
+    removed = []
+    for folder in Path(where or tempfile.gettempdir()).glob(f"{TOKEN_FOLDER}*-*"):
+        pid = folder.name[len(TOKEN_FOLDER):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except OSError:  # alive under another user (EPERM), or the folder went meanwhile
+            continue
+    return removed
+
+
 @contextmanager
 def private_local_ray() -> Iterator[None]:
     """Around `ray.init(address="local")` and the Ray's whole life: a Ray this process starts for
@@ -100,7 +125,8 @@ def private_local_ray() -> Iterator[None]:
     takes from the network (not 127.0.0.1, even when told so: `resolve_ip_for_localhost`) unless
     `ENABLE_RAY_CLUSTER` is off (its setting for a machine that is no cluster's node); and a new
     local Ray writes a fresh token to ~/.ray/auth_token, readable by everyone (0644), and leaves it
-    behind. Here the token is ours, 0600 in a 0700 folder, named by RAY_AUTH_TOKEN_PATH (which the
+    behind. Here the token is ours, 0600 in a 0700 folder (named with this process's pid: a later
+    start removes it if this process was killed before its end), named by RAY_AUTH_TOKEN_PATH (which the
     processes Ray starts inherit), with RAY_AUTH_MODE=token (Config.initialize and the token
     loader's reset_cache: Ray caches both, as its own `_enable_token_auth` knows)."""
     import secrets
@@ -110,7 +136,8 @@ def private_local_ray() -> Iterator[None]:
     from ray._private import ray_constants
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    folder = Path(tempfile.mkdtemp(prefix="specdec-ray-"))  # 0700
+    remove_orphan_token_folders()
+    folder = Path(tempfile.mkdtemp(prefix=f"{TOKEN_FOLDER}{os.getpid()}-"))  # 0700
     token = folder / "auth_token"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from anyio import to_thread
 
 from ..errors import InputError, SpecdecError, one_line
 from ..remote import access_log, server, wire
@@ -197,6 +198,7 @@ class FleetApp:
 
     def __init__(self, app: Any, reporter: Reporter) -> None:
         self.app, self.reporter = app, reporter
+        self.fleet_rendered = server.Rendered()
         self.logged = access_log.AccessLog(self._route)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -222,11 +224,14 @@ class FleetApp:
 
             state = self.app.state
             owner = state.owner_of(Request(scope)) if state.tenants else None  # (its token was accepted)
-            reports = await self.reporter.fleet()
             if scope["path"] == "/health":
+                reports = await self.reporter.fleet()
                 content = msgspec.json.encode(fleet_health(msgspec.json.decode(content), reports, owner))
             else:
-                content = fleet_metrics(reports, owner)
+                # At most once a second per token's view, off the event loop (server.Rendered, issue 55).
+                async def make() -> bytes:
+                    return await to_thread.run_sync(fleet_metrics, await self.reporter.fleet(), owner)
+                content = await self.fleet_rendered.get(owner, make)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(content)).encode()))
         await send({**start, "headers": headers})
