@@ -246,7 +246,9 @@ def test_depth_through_a_server_gives_the_in_process_tokens(server, local, alway
     # or ended by the verdict before), none run and wasted: every verification but the refused
     # ones gave a verdict the loop used.
     assert sent_ahead["verdict"] > 0 and sent_ahead["refused"] > 0, sent_ahead
-    assert sums["out_of_sync"] > 0 and sums["discarded_forwards"] == 0
+    # Which refusal a block meets is timing's: out of sync is one of them, not always met (a loaded
+    # run of depth 3 had its 3 refusals all for other reasons), so it is bounded, not required.
+    assert sums["out_of_sync"] <= sent_ahead["refused"] and sums["discarded_forwards"] == 0, (sums, sent_ahead)
     assert sums["verifications"] == sums["escalations"] + sent_ahead["refused"], (sums, sent_ahead)
 
 
