@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cli_helpers import heldout_clips
+from ray_fixtures import descendants  # the process tree below a pid, as the Ray tests read it
 from remote_helpers import SPECDEC, Server
 from typer.testing import CliRunner
 
@@ -43,23 +44,6 @@ PRESET = "quality"  # escalates on most clips: many sessions on both replicas
 DECODING = ["--preset", PRESET, "--k", "2", "--threshold", "0"]
 COMPARED = ("description", "tokens", "cloud_calls", "error")
 TOKEN_FILES: list[Path] = []  # the fleet's Ray token file, as found while it ran (gone once it stopped)
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:
