@@ -38,3 +38,15 @@ def test_a_state_that_no_longer_gives_the_bundled_weights_is_refused(tmp_path, m
     monkeypatch.setitem(previous.PAIRS, "v3", {"edge": (run, "0" * 64)})
     with pytest.raises(SystemExit, match="not the v3 pair's"):
         previous.rebuild("v3", tmp_path)
+
+
+def test_the_bundled_pair_is_the_latest_one():
+    """`specdec_cli/demo/models/` holds v5 (issue 51): its weights are the ones `previous v5` rebuilds
+    (the sha256 recorded when it was trained), and its presets file, in both folders, is v5's."""
+    latest = max(previous.PAIRS, key=lambda p: int(p[1:]))
+    assert latest == "v5"
+    models = ROOT / "specdec_cli" / "demo" / "models"
+    shipped = (ROOT / "specdec_cli" / "demo" / "previous" / f"{latest}_presets.toml").read_bytes()
+    for model, (_, digest) in previous.PAIRS[latest].items():
+        assert previous.sha256(models / model / "model.safetensors") == digest, model
+        assert (models / model / "specdec_presets.toml").read_bytes() == shipped, model

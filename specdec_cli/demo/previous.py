@@ -1,11 +1,11 @@
-"""The demo pairs other than the bundled one, rebuilt bit for bit from their committed training states.
+"""Every demo pair, rebuilt bit for bit from its committed training states.
 
-    python -m specdec_cli.demo.previous v5 DIR    # the next pair (issue 51), trained, not yet bundled
+    python -m specdec_cli.demo.previous v5 DIR    # the bundled pair (issue 51), as a second copy
     python -m specdec_cli.demo.previous v4 DIR    # DIR/edge, DIR/cloud, the presets it shipped with
     python -m specdec_cli.demo.previous v3 DIR
     python -m specdec_cli.demo.previous v2 DIR
 
-The bundled pair (`specdec_cli/demo/models/`) is the latest; an earlier one is not kept as a second
+The bundled pair (`specdec_cli/demo/models/`) is the latest (v5); an earlier one is not kept as a second
 copy of its weights: `demo-train/<run>/state.pt` holds each of its models (committed), `train.export`
 writes it as a model folder, and the sha256 of its weights file is checked against the one that was
 bundled (so "v3" means the very models users had, not a retrained look-alike). The presets file it
@@ -14,8 +14,9 @@ model folders, as the bundled pair has it. Use the folders with `--edge DIR/edge
 (every command and bench/ script takes them).
 
 v5 (demo contract v4: every training clip through a channel; edge_v5 + cloud_v5t) is the pair trained
-for issue 51 and measured in docs/demo-pair.md, not yet bundled: its presets are the ones calibrated
-for it on corpus v5's held-out clips (`previous/v5_presets.toml`).
+for issue 51 and bundled since: its presets are the ones calibrated for it on corpus v5's held-out
+clips 0-95 (`previous/v5_presets.toml`, the same file as the bundled `specdec_presets.toml`; a test
+checks the bundled weights are v5's).
 """
 
 from __future__ import annotations
