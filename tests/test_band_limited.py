@@ -39,7 +39,22 @@ def write_telephone(src: Path, out: Path, out_rate: int = 8000) -> Path:
     return out
 
 
-@pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.wav")))
+def _labelled_band_limited() -> dict[str, bool]:
+    """Each sample's `band_limited`, as the corpus that wrote it recorded it (absent: wideband)."""
+    rows = [json.loads(x) for x in (SAMPLES / "labels.jsonl").read_text(encoding="utf-8").splitlines()]
+    return {r["file"]: bool(r.get("band_limited")) for r in rows}
+
+
+def test_the_telephone_sample_is_band_limited_and_the_others_are_not():
+    """samples/f_telephone.wav (v5's: a G.711 line at 8 kHz) is heard as band-limited; the nine
+    wideband samples are not, as their labels say."""
+    said = _labelled_band_limited()
+    assert said["f_telephone.wav"] and sum(said.values()) == 1
+    for name, narrow in said.items():
+        assert band_limited(load_audio(SAMPLES / name, SR, 30.0), SR) == narrow, name
+
+
+@pytest.mark.parametrize("sample", sorted(f for f, narrow in _labelled_band_limited().items() if not narrow))
 def test_a_telephone_copy_is_band_limited_and_the_sample_is_not(sample, tmp_path):
     wide = load_audio(SAMPLES / sample, SR, 30.0)
     assert not band_limited(wide, SR)
@@ -105,4 +120,20 @@ def test_describe_of_several_clips_says_it_once(mixed, models):
     assert one.returncode == 0, one.stderr
     assert _notes(one.stderr) == [f"note: {clips[2]} is band-limited (nearly nothing above 4 kHz, as on a telephone "
                                   "line; band_limited: true in its record): the models may mishear such voices (the "
-                                  "demo pair takes most women on a telephone line for men)"]
+                                  "demo pair, trained through telephone lines, still states their pitch less well)"]
+
+
+def test_a_telephone_clip_cut_off_mid_sound_is_still_band_limited():
+    """The FFT treats a clip as periodic, so a recording cut off mid-word (its last sample far from
+    its first) adds a step whose energy spreads over every frequency: computed plainly (the oracle
+    below: numpy's periodogram of the whole clip, no fades) a telephone-band copy cut at its loudest
+    sample puts more than -45 dB above 4 kHz and would be called wideband, as samples/f_telephone.wav
+    was. The fades band_limited applies keep it band-limited; the wideband sample stays wideband."""
+    x, rate = sf.read(SAMPLES / "f_fast_high.wav", dtype="float64")
+    narrow = telephone(x, rate, SR)
+    cut = narrow[: int(np.argmax(np.abs(narrow))) + 1]  # ends at its loudest sample
+    power = np.abs(np.fft.rfft(cut - cut.mean())) ** 2
+    plain_db = 10 * np.log10(power[np.fft.rfftfreq(len(cut), 1 / SR) >= 4000].sum() / power.sum())
+    assert plain_db > -45
+    assert band_limited(cut, SR)
+    assert not band_limited(x[: len(cut)], SR)
