@@ -163,14 +163,21 @@ _V5_SETS = {"val": ("training voices", 0.97), "val_voices": ("held-out voices", 
 _CHANNELS = ("clean", "telephone", "codec", "room", "far field")
 
 
+def _cloud_sets(doc: dict[str, Any]) -> dict[str, Any]:
+    """The cloud's per-set figures of an `evaluate_pair --only cloud` JSON or of a pair's report.json."""
+    return doc["models"]["cloud"]["sets"] if "models" in doc else doc["sets"]
+
+
 def channel_goals(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """docs/demo-pair.md: `evaluate_pair --only cloud` of two pairs on corpus v5's held-out sets,
-    mean attribute accuracy per set (rows) and channel family (columns), before → after, and issue
-    51's goals: clean at least the set's bar, every channel within 3 points of clean."""
+    """docs/demo-pair.md: the cloud of two pairs on corpus v5's held-out sets (`evaluate_pair --only
+    cloud`, or the pair's report.json), mean attribute accuracy per set (rows) and channel family
+    (columns), before → after, and issue 51's goals: clean at least the set's bar, every channel
+    within 3 points of clean."""
     rows = ["| held-out set | " + " | ".join(_CHANNELS) + " | goal | met |", "|---|" + "---:|" * len(_CHANNELS) + "---|---|"]
+    before_sets, after_sets = _cloud_sets(before), _cloud_sets(after)
     for key, (label, bar) in _V5_SETS.items():
-        a = after["sets"][key]
-        cells = [f"{pct(before['sets'][key][c]['all']['mean'])} → {pct(a[c]['all']['mean'])}" for c in _CHANNELS]
+        a = after_sets[key]
+        cells = [f"{pct(before_sets[key][c]['all']['mean'])} → {pct(a[c]['all']['mean'])}" for c in _CHANNELS]
         clean = a["clean"]["all"]["mean"]
         worst = min(a[c]["all"]["mean"] for c in _CHANNELS[1:])
         met = clean >= bar and worst >= clean - 0.03
@@ -181,13 +188,48 @@ def channel_goals(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return rows
 
 
+def eval_before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: `specdec eval --report` of two pairs on the same clips (each with its own
+    presets), one row a mode: mean attribute accuracy, cloud calls per token, clips with no cloud work."""
+    rows = ["| mode | mean, before → after | cloud calls / token, before → after | clips with no cloud work, before → after |",
+            "|---|---|---|---|"]
+    old = {m["mode"]: m for m in before["modes"] if not m.get("sweep")}
+    for m in after["modes"]:
+        b = old.get(m["mode"])
+        if m.get("sweep") or b is None:
+            continue
+        rows.append(f"| {m['mode']} | {pct(b['mean_accuracy'])} → **{pct(m['mean_accuracy'])}** | "
+                    f"{b['cloud_call_rate']:.3f} → {m['cloud_call_rate']:.3f} | "
+                    f"{pct(b['no_cloud_share'])} → {pct(m['no_cloud_share'])} % |")
+    return rows
+
+
+_FAMILIES = ("clean", "telephone", "codec", "room", "far_field")
+
+
+def eval_by_channel(doc: dict[str, Any]) -> list[str]:
+    """docs/demo-pair.md: bench/eval_by_channel.py's JSON (two `specdec eval` reports split by the
+    clips' channel family), mean attribute accuracy (gender) per family, cloud-only and edge-only,
+    the first report against the second."""
+    before, after = list(doc.values())[:2]
+    rows = ["| family (clips) | cloud, before → after | edge, before → after |", "|---|---|---|"]
+    def cell(mode: str, f: str) -> str:
+        b, a = before[mode][f], after[mode][f]
+        return f"{b['mean']:.1f} ({b['gender']:.0f}) → {a['mean']:.1f} ({a['gender']:.0f})"
+
+    for f in _FAMILIES:
+        if f in after["cloud"]:
+            rows.append(f"| {f.replace('_', ' ')} ({after['cloud'][f]['clips']}) | {cell('cloud', f)} | {cell('edge', f)} |")
+    return rows
+
+
 def channel_attributes(doc: dict[str, Any]) -> list[str]:
     """docs/demo-pair.md: one `evaluate_pair --only` JSON per attribute, each set and channel family
     (the clips scored per attribute leave out the ambiguous ones)."""
     rows = ["| held-out set | channel | " + " | ".join(ATTRS) + " | mean |", "|---|---|" + "---:|" * (len(ATTRS) + 1)]
     for key, (label, _) in _V5_SETS.items():
         for c in _CHANNELS:
-            a = doc["sets"][key][c]["all"]
+            a = _cloud_sets(doc)[key][c]["all"]
             rows.append(f"| {label} | {c} | " + " | ".join("–" if a[x] is None else pct(a[x]) for x in ATTRS)
                         + f" | {pct(a['mean'])} |")
     return rows
@@ -1095,6 +1137,8 @@ RENDERERS: dict[str, Callable[..., list[str]]] = {
     "human_speech": human_speech,
     "human_groups": human_groups,
     "channel_goals": channel_goals,
+    "eval_before_after": eval_before_after,
+    "eval_by_channel": eval_by_channel,
     "channel_attributes": channel_attributes,
     "demo_cut_points": demo_cut_points,
     "demo_voices": demo_voices,

@@ -375,6 +375,9 @@ def test_channel_goals_rows_and_verdicts_are_hand_computed():
     assert rows[2].startswith("| training voices | 50.0 → 97.5 | 50.0 → 95.0 |") and rows[2].endswith("**met** |")
     assert "**not met** (clean 92.0 < 93)" in rows[3]  # held-out voices: the clean bar
     assert "**not met** (a channel 5.0 points below clean)" in rows[4]  # flite: telephone 5 points down
+    # a pair's report.json (evaluate_pair without --only) gives the same rows from its cloud
+    report = {"sets": {"val": 300}, "models": {"cloud": after, "edge": before}}
+    assert t.channel_goals(before, report) == rows
 
 
 def test_human_groups_counts_gender_per_speaker_group():
@@ -386,3 +389,30 @@ def test_human_groups_counts_gender_per_speaker_group():
     rows = t.human_groups(doc)
     assert rows[0] == "| pair | channel | mode | en_US_f_Allison | kajongg | mean of all attributes |"
     assert rows[2] == "| v5 | clean | cloud | 38/40 | 9/10 | 80.0 % |" and rows[3].startswith("| v5 | telephone |")
+
+
+def _mode(name: str, mean: float, rate: float, home: float) -> dict:
+    return {"mode": name, "mean_accuracy": mean, "cloud_call_rate": rate, "no_cloud_share": home}
+
+
+def test_eval_before_after_pairs_modes_by_name():
+    t = tables_module()
+    before = {"modes": [_mode("cloud", 0.859, 0.965, 0.0), _mode("frugal", 0.868, 0.112, 1 / 30)]}
+    after = {"modes": [_mode("frugal", 0.897, 0.072, 13 / 60), {**_mode("quality", 0.9, 0.1, 0), "sweep": False},
+                       _mode("cloud", 0.897, 0.964, 0.0)]}
+    rows = t.eval_before_after(before, after)
+    # quality has no "before": left out; the order is the after report's
+    assert rows[2:] == ["| frugal | 86.8 → **89.7** | 0.112 → 0.072 | 3.3 → 21.7 % |",
+                        "| cloud | 85.9 → **89.7** | 0.965 → 0.964 | 0.0 → 0.0 % |"]
+
+
+def test_eval_by_channel_rows_per_family_with_gender():
+    t = tables_module()
+
+    def fam(mean: float, gender: float) -> dict:
+        return {"mean": mean, "gender": gender, "clips": 12}
+
+    before = {"cloud": {"telephone": fam(74.1, 75.0)}, "edge": {"telephone": fam(71.3, 75.0)}}
+    after = {"cloud": {"telephone": fam(88.8, 91.7)}, "edge": {"telephone": fam(84.3, 100.0)}}
+    rows = t.eval_by_channel({"v4.json": before, "v5.json": after})
+    assert rows[2:] == ["| telephone (12) | 74.1 (75) → 88.8 (92) | 71.3 (75) → 84.3 (100) |"]
