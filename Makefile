@@ -115,7 +115,7 @@ gpu-wheels:
 # thresholds. Rerun after a change to the decoding rules or the demo models.
 HELDOUT ?= .demo-work/heldout
 presets:  # after `make install`
-	$(BIN)/python -m specdec_cli.demo.heldout $(HELDOUT) --clips 96
+	$(BIN)/python -m specdec_cli.demo.heldout $(HELDOUT) --clips 96 --corpus v5
 	$(BIN)/specdec calibrate $(HELDOUT) --labels $(HELDOUT)/labels.jsonl --ks 6,8,10,12 \
 		--percentiles 10,20,30,40,45,50,55,60,65,70,80,90 \
 		--out specdec_cli/demo/models/edge/specdec_presets.toml --overwrite --report docs/results/presets-calibration.json

@@ -17,6 +17,7 @@ from cli_helpers import FAST, run_specdec, specdec_exe, subprocess_env, write_cl
 pytestmark = pytest.mark.spawns
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
+N = len(list(SAMPLES.glob("*.wav")))  # the bundled clips (10 since demo pair v5)
 
 
 def specdec(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -63,14 +64,14 @@ def test_off_a_terminal_lines_never_wrap(tmp_path):
     deep = tmp_path / ("长的文件夹名字" * 6) / "结果 1.jsonl"
     done = specdec("batch", str(SAMPLES), "--out", str(deep), "--mode", "edge", *FAST)
     assert done.returncode == 0, done.stderr
-    assert any(line.endswith(str(deep)) and line.startswith("batch: 9 ok") for line in done.stderr.splitlines())
+    assert any(line.endswith(str(deep)) and line.startswith(f"batch: {N} ok") for line in done.stderr.splitlines())
 
 
 def test_batch_out_dash_writes_records_to_stdout(tmp_path):
     done = specdec("batch", str(SAMPLES), "--out", "-", "--mode", "edge", *FAST, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(records) == 9 and all(r["error"] is None for r in records)
+    assert len(records) == N and all(r["error"] is None for r in records)
     assert not (tmp_path / "-").exists()
     assert "ignored 1 file that is not audio (labels.jsonl)" in done.stderr
 
@@ -81,12 +82,12 @@ def test_progress_lines_off_a_terminal_at_a_bounded_rate(tmp_path):
                                "--mode", "edge", *FAST, "--batch-size", "1"], capture_output=True, text=True,
                               env={**subprocess_env(), "SPECDEC_PROGRESS_S": every}, timeout=300)
         assert done.returncode == 0, done.stderr
-        return [line for line in done.stderr.splitlines() if line.startswith("batch: ") and "/9 clips" in line]
+        return [line for line in done.stderr.splitlines() if line.startswith("batch: ") and f"/{N} clips" in line]
 
     every = lines("0")  # no bound: one line per clip
-    assert [line.split()[1] for line in every] == [f"{i}/9" for i in range(1, 10)]
+    assert [line.split()[1] for line in every] == [f"{i}/{N}" for i in range(1, N + 1)]
     bounded = lines("3600")  # at most one an hour: the first clip, and the last
-    assert [line.split()[1] for line in bounded] == ["1/9", "9/9"]
+    assert [line.split()[1] for line in bounded] == ["1/" + str(N), f"{N}/{N}"]
 
 
 def test_eval_prints_its_tables_on_stdout(tmp_path):
@@ -160,7 +161,7 @@ def test_a_remote_cloud_is_asked_who_it_is_once_per_run(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert asked == [server.url]
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert len(records) == 9 and all(r["error"] is None and r["cloud_url"] == server.url for r in records)
+    assert len(records) == N and all(r["error"] is None and r["cloud_url"] == server.url for r in records)
 
 
 def test_commands_that_load_models_share_their_options_word_for_word():

@@ -22,7 +22,7 @@ def test_depth_3_through_two_replicas_gives_the_in_process_tokens(fleet, local, 
     cfgs = [GREEDY["always"], GREEDY["always"].with_(k=2), GREEDY["quality"]]
     sums = remote_runs(fleet.url, local, cfgs, SAMPLES, 3)
     print(sums, sent_ahead)
-    assert len(SAMPLES) == 9
+    assert len(SAMPLES) >= 9  # every bundled sample went through (10 since demo pair v5)
     assert sent_ahead["verdict"] > 0 and sent_ahead["refused"] > 0, sent_ahead
     assert sums["out_of_sync"] > 0 and sums["discarded_forwards"] == 0, sums
     # A session stays on one replica (sticky routing): none was rebuilt, every verification but the

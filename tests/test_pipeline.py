@@ -246,7 +246,7 @@ def test_k_for_the_link_only_where_k_is_free(server):
     from specdec_cli.pair import Pair
     from specdec_cli.presets import resolve
 
-    shipped_k = resolve("quality", presets_file_for(None)).values["k"]  # the bundled presets file's (v4: 10)
+    shipped_k = resolve("quality", presets_file_for(None)).values["k"]  # the bundled presets file's (v5: 8)
     remote = Pair(cloud=server.url)
     client = remote.models.remote
     try:

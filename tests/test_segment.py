@@ -61,7 +61,7 @@ def join_with_silences(path: Path, clips: list[Path], gap_s: float = GAP_S) -> l
 def recording(tmp_path_factory) -> tuple[Path, list[tuple[int, int]]]:
     folder = tmp_path_factory.mktemp("recording")
     path = folder / "long.wav"
-    silences = join_with_silences(path, SAMPLES)  # 9 clips: about 76 s
+    silences = join_with_silences(path, SAMPLES)  # the 10 samples: about 80 s
     return path, silences
 
 

@@ -585,8 +585,8 @@ class BandLimitedTally:
             which = f"{self.limited} of {self.clips} {unit} {'is' if self.limited == 1 else 'are'}"
             records = "its record" if self.limited == 1 else "their records"
         line = (f"note: {which} band-limited (nearly nothing above 4 kHz, as on a telephone line; band_limited: "
-                f"true in {records}): the models may mishear such voices (the demo pair takes most women on a "
-                "telephone line for men)")
+                f"true in {records}): the models may mishear such voices (the demo pair, trained through "
+                "telephone lines, still states their pitch less well)")
         return line + (f"; {upsampled}" if self.low_rate else "")
 
 
