@@ -189,3 +189,45 @@ def test_a_block_whose_predecessor_never_comes_is_refused_after_the_hold(clip):
         assert late.status_code == 409 and late.json()["code"] == "out_of_sync", late.text
         assert verdict(post(short, block(truth, sid, held, 1)))["accepted"] == K
         assert grew(before, counts(short)) == {"late": 1, "out_of_sync": 1, "verified": 1}
+
+
+# The server's speech check (the first step of decoding a clip, after its session id is claimed)
+# says it started, in the file $HOLD_STARTED, then waits for the file $HOLD_GO: the test knows the
+# clip's session is being opened, and keeps it so until it lets go.
+OPENING_WAITS = """
+import os, time
+from specdec_cli import speech as _speech
+_check = _speech.check_speech
+def _waiting(*args, **kwargs):
+    open(os.environ["HOLD_STARTED"], "w").close()
+    while not os.path.exists(os.environ["HOLD_GO"]):
+        time.sleep(0.05)
+    return _check(*args, **kwargs)
+_speech.check_speech = _waiting
+"""
+
+
+def test_a_block_sent_while_its_session_is_being_opened_waits_for_the_open(clip, tmp_path):
+    """Block 1 sent while the verification that opens its session (carrying the clip, under the
+    client's id) is still decoding the clip: it waits for the open and then for that verdict, and
+    is verified. Before: 404 unknown_session at once (the client then sent it again in turn)."""
+    import secrets
+
+    message, truth = clip
+    started, go = tmp_path / "started", tmp_path / "go"
+    env = {"HOLD_STARTED": str(started), "HOLD_GO": str(go)}
+    with Server("--max-batch", "1", "--hold-ahead-ms", "120000", prelude=OPENING_WAITS, env=env) as server:
+        sid = secrets.token_urlsafe(16)
+        opening = wire.VerifyRequest(list(truth[:K]), session=sid, clip=message, config=config_dict(DecodingConfig()))
+        held = len(message.prompt_ids) + K
+        before = counts(server)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(post, server, opening)
+            assert wait_for(lambda: started.exists() or first.done()), "the clip was never decoded"
+            second = pool.submit(post, server, block(truth, sid, held, 1))
+            ahead_now(server, 1, [first, second])
+            go.touch()
+            opened, later = verdict(first.result()), verdict(second.result())
+        assert (opened["session"], opened["accepted"], opened["held"]) == (sid, K, held)
+        assert (later["accepted"], later["token"]) == (K, truth[2 * (K + 1) - 1])
+        assert grew(before, counts(server)) == {"verified": 2, "in_turn": 1}

@@ -574,6 +574,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         return await in_shared_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed),
                                       [job.owner for job in jobs], lambda: [(job.owner, job.cost) for job in jobs])
 
+    awaiting_open: collections.Counter[str] = collections.Counter()  # verifications waiting for their session's open
     # verify requests in their handler (being read, checked, opened, or verified), per token
     arriving: collections.Counter[int] = collections.Counter()
     batcher = (batching.Batcher(verify_batch, options.batch_window_ms / 1000, options.max_batch,
@@ -744,7 +745,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 # Protocol 3: one session's verifications run in arrival order, each checked against
                 # the session as the ones before it left it (a client may send the next one before
                 # this verdict).
-                session = sessions.get(req.session, owner, queue=True)
+                session = await opened_by_now(req.session, owner)
                 if req.held > session.length:  # sent ahead, and here before the verdict it assumes
                     await held_back(session, req)
                     session = sessions.get(req.session, owner, queue=True)  # still open, still room
@@ -797,6 +798,27 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         metrics.tokens.inc(verdict.fed + verdict.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
         return answer(request, verdict)
+
+    async def opened_by_now(sid: str, owner: int) -> CloudSession:
+        """The session a verification names (Sessions.get); one this token is opening now (the
+        verification carrying its clip is being read or decoded) waited for first, as held_back
+        waits for a verdict, at most MAX_AHEAD per id and --hold-ahead-ms: the client sends its
+        second block before the first one's verdict, and it was refused as an unknown session."""
+        if options.hold_ahead_ms > 0 and sessions.opening(sid, owner) and awaiting_open[sid] < MAX_AHEAD:
+            awaiting_open[sid] += 1
+            metrics.ahead.inc()
+            try:
+                async with asyncio.timeout(options.hold_ahead_ms / 1000):
+                    while sessions.opening(sid, owner):
+                        await sessions.settled.wait()
+            except TimeoutError:
+                pass
+            finally:
+                metrics.ahead.dec()
+                awaiting_open[sid] -= 1
+                if not awaiting_open[sid]:
+                    del awaiting_open[sid]
+        return sessions.get(sid, owner, queue=True)
 
     async def held_back(session: CloudSession, req: wire.VerifyRequest) -> None:
         """A verification whose assumed prefix is longer than the session (one sent ahead, on

@@ -79,6 +79,7 @@ class Sessions:
         self.on_drop = on_drop  # called after a session is dropped (its memory can go back)
         self._open: OrderedDict[str, CloudSession] = OrderedDict()
         self._opening: dict[str, int] = {}  # client-named ids being opened -> the token opening each
+        self.settled = asyncio.Event()  # set, and replaced, when an id being opened is added or released
 
     def __len__(self) -> int:
         return len(self._open)
@@ -134,6 +135,15 @@ class Sessions:
         """The open that claimed `sid` ended without adding its session (refused, failed, abandoned)."""
         if self._opening.get(sid) == owner:
             del self._opening[sid]
+            self._settle()
+
+    def opening(self, sid: str, owner: int) -> bool:
+        """Whether `owner` is opening a session under `sid` now (claimed, not added yet)."""
+        return self._opening.get(sid) == owner
+
+    def _settle(self) -> None:
+        settled, self.settled = self.settled, asyncio.Event()
+        settled.set()
 
     def count_by_token(self) -> dict[int, int]:
         """Open sessions per token."""
@@ -175,8 +185,9 @@ class Sessions:
         assert opening in (None, session.owner), "a session is added under an id another token claimed"
         assert session.id not in self._open or opening is None, "a claimed id is open already"
         self.reserve(session.owner)
-        self._opening.pop(session.id, None)
         self._open[session.id] = session
+        if self._opening.pop(session.id, None) is not None:
+            self._settle()
         self.metrics.sessions.set(len(self._open))
         self.metrics.opened.inc()
 
