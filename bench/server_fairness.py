@@ -59,7 +59,9 @@ ahead (issue 55, finding 5): `--sessions` sessions of A at once, each decoding a
 clip (`--rounds` clips one after the other: the demo cloud's answers are short) with perfect drafts (the in-process cloud-only answer, `--k` tokens a block) at `--depth`
 verifications in flight: block i+1 sent before block i's verdict, each on the connection of one of
 `--depth` threads (as the client does), a block refused as out of sync sent again once the blocks
-before it are answered. Counted: the blocks, the requests sent and the 409 out_of_sync answers
+before it are answered (`--lazy-open`: the block opening the session too, as the client's lazy
+upload sends it, and a block refused as an unknown session, its session still being opened, sent
+again the same way). Counted: the blocks, the requests sent and the 409 out_of_sync answers
 among them (the waste: each a round trip and a resend; the issue measured 21 % of the blocks with
 one session, 59 % with six), and the server's `specdec_verifications_held` by how each wait ended.
 
@@ -594,13 +596,16 @@ def ahead_blocks(truth: list[int], sid: str, held: int, k: int) -> list[wire.Ver
 
 
 def decode_ahead(args: argparse.Namespace, server: Server, clip: wire.Clip, truth: list[int]) -> dict[str, int]:
-    """One session's blocks at `--depth` in flight, each on a `--depth` thread's own connection."""
-    cfg = settings(max_new_tokens=wire.MAX_NEW_TOKENS)
-    with httpx.Client(base_url=server.url, timeout=args.limit) as http:
-        r = http.post("/v1/verify", content=wire.encode(wire.VerifyRequest(list(truth[:args.k]), clip=clip, config=cfg)),
-                      headers=auth(0))
-        first = msgspec.msgpack.decode(r.content)
-    blocks = ahead_blocks(truth, first["session"], first["held"], args.k)
+    """One session's blocks at `--depth` in flight, each on a `--depth` thread's own connection;
+    the opening block (the clip, under an id chosen here) answered first, or (`--lazy-open`) in the
+    pipeline too, as the client's lazy upload sends it: then a block may reach the server while
+    its session is being opened (404 unknown_session before issue 55, sent again in turn too)."""
+    import secrets
+
+    sid = secrets.token_urlsafe(16)
+    opening = wire.VerifyRequest(list(truth[:args.k]), session=sid, clip=clip,
+                                 config=settings(max_new_tokens=wire.MAX_NEW_TOKENS))
+    blocks = ahead_blocks(truth, sid, len(clip.prompt_ids) + args.k, args.k)
     local = threading.local()
 
     def send(request: wire.VerifyRequest) -> str:
@@ -608,8 +613,12 @@ def decode_ahead(args: argparse.Namespace, server: Server, clip: wire.Clip, trut
             local.http = httpx.Client(base_url=server.url, timeout=args.limit)
             made.append(local.http)
         r = local.http.post("/v1/verify", content=wire.encode(request), headers=auth(0))
-        return "out_of_sync" if r.status_code == 409 and r.json()["code"] == "out_of_sync" else str(r.status_code)
+        return r.json()["code"] if r.status_code in (404, 409) else str(r.status_code)
     made: list[httpx.Client] = []
+    if args.lazy_open:
+        blocks.insert(0, opening)
+    else:
+        assert send(opening) == "200"
     got = {"blocks": len(blocks), "sent": 0}
     in_flight: list[tuple[int, concurrent.futures.Future]] = []
     with concurrent.futures.ThreadPoolExecutor(args.depth) as pool:
@@ -621,14 +630,14 @@ def decode_ahead(args: argparse.Namespace, server: Server, clip: wire.Clip, trut
             i, future = in_flight.pop(0)
             status = future.result()
             got["sent"] += 1
-            while status == "out_of_sync":  # in turn now: every block before it is answered
-                got["out_of_sync"] = got.get("out_of_sync", 0) + 1
+            while status in ("out_of_sync", "unknown_session"):  # in turn now: the blocks before it are answered
+                got[status] = got.get(status, 0) + 1
                 status = pool.submit(send, blocks[i]).result()
                 got["sent"] += 1
             got[status] = got.get(status, 0) + 1
     for client in made:
         client.close()
-    httpx.delete(f"{server.url}/v1/sessions/{first['session']}", headers=auth(0), timeout=args.limit)
+    httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=auth(0), timeout=args.limit)
     return got
 
 
@@ -655,6 +664,7 @@ def run_ahead(args: argparse.Namespace, server: Server, clips: Clips, out: dict)
     out["per_session"] = runs
     out["totals"] = totals
     out["out_of_sync_per_block"] = round(totals.get("out_of_sync", 0) / totals["blocks"], 3)
+    out["refused_per_block"] = round((totals["sent"] - totals["blocks"]) / totals["blocks"], 3)
     with httpx.Client(base_url=server.url, timeout=60) as http:
         text = http.get("/metrics", headers=auth(0)).text
     out["held"] = {line.split("{", 1)[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
@@ -691,6 +701,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1, help="ahead: A's sessions at once")
     parser.add_argument("--depth", type=int, default=4, help="ahead: verifications of a session in flight")
     parser.add_argument("--rounds", type=int, default=10, help="ahead: clips each session slot decodes in turn")
+    parser.add_argument("--lazy-open", action="store_true", help="ahead: the opening block in the pipeline too")
     parser.add_argument("--k", type=int, default=4, help="ahead: draft tokens a block")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
