@@ -213,8 +213,8 @@ class Metrics:
                             "and waited for it, by how the wait ended: in_turn (the session reached the prefix "
                             "they assume), broke (it cannot any more), late (--hold-ahead-ms passed)", ["end"],
                             registry=r)
-        self.ahead = Gauge("specdec_verifications_ahead", "Verifications waiting now for the verdict they assume",
-                           registry=r)
+        self.ahead = Gauge("specdec_verifications_ahead", "Verifications waiting now for the verdict they assume "
+                           "(or for their session's open)", registry=r)
         self.generations = Counter("specdec_generations", "Cloud-only descriptions", registry=r)
         self.tokens = Counter("specdec_tokens_scored", "Tokens run through the model (prompts included)",
                               registry=r)
