@@ -1,6 +1,6 @@
 """Does one token's abandoned or flooding work cost another token? (issue 33)
 
-    python bench/server_fairness.py abandon|flood|slow|lazy|race|refused|metrics [--json] [--server-path DIR]
+    python bench/server_fairness.py abandon|flood|slow|lazy|race|refused|metrics|ahead [--json] [--server-path DIR]
         [options] [-- SERVE FLAGS…]
 
 A real server process (`specdec --threads 1 serve --port 0`, the bundled demo cloud, two tokens A
@@ -55,12 +55,23 @@ metrics (issue 55, finding 2): the server starts with `--series` per-session ser
 would leave them: opening them would take minutes here), then A polls /metrics from `--count`
 connections as fast as it can while B's answers are counted, as in refused.
 
+ahead (issue 55, finding 5): `--sessions` sessions of A at once, each decoding a `--small-seconds`
+clip (`--rounds` clips one after the other: the demo cloud's answers are short) with perfect drafts (the in-process cloud-only answer, `--k` tokens a block) at `--depth`
+verifications in flight: block i+1 sent before block i's verdict, each on the connection of one of
+`--depth` threads (as the client does), a block refused as out of sync sent again once the blocks
+before it are answered (`--lazy-open`: the block opening the session too, as the client's lazy
+upload sends it, and a block refused as an unknown session, its session still being opened, sent
+again the same way). Counted: the blocks, the requests sent and the 409 out_of_sync answers
+among them (the waste: each a round trip and a resend; the issue measured 21 % of the blocks with
+one session, 59 % with six), and the server's `specdec_verifications_held` by how each wait ended.
+
 Each run prints the load averages (the machine is shared: judge figures with them).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import socket
@@ -102,9 +113,12 @@ class Clips:
         self.joined = np.concatenate([load_audio(p, 16000, 30.0) for p in sorted((REPO / "samples").glob("*.wav"))])
         self._prompts: dict[int, list[int]] = {}
 
+    def audio(self, seconds: float, shift: int = 0) -> np.ndarray:
+        return np.roll(np.resize(self.joined, int(seconds * 16000)), shift * 977).astype(np.float32)
+
     def clip(self, seconds: float, shift: int = 0) -> wire.Clip:
         n = int(seconds * 16000)
-        audio = np.roll(np.resize(self.joined, n), shift * 977).astype(np.float32)
+        audio = self.audio(seconds, shift)
         if n not in self._prompts:  # the same length, the same prompt
             self._prompts[n] = self.pair.processor(audio)["input_ids"][0].tolist()
         data, codec = wire.encode_audio(audio, 16000)
@@ -567,9 +581,99 @@ def run_race(args: argparse.Namespace, server: Server, clips: Clips, out: dict) 
     out["statuses"] = statuses
 
 
+def ahead_blocks(truth: list[int], sid: str, held: int, k: int) -> list[wire.VerifyRequest]:
+    """Blocks 1, 2, … after the opening one (the answer's first k tokens), as a client drafting
+    ahead with perfect drafts sends them: each assumes every block before it kept whole and its
+    bonus token guessed right. Only blocks whose verdict leaves the answer unfinished (the session
+    open)."""
+    blocks = []
+    start = k  # the answer tokens the session holds when the block's turn comes
+    while start + k + 2 < len(truth):
+        blocks.append(wire.VerifyRequest(list(truth[start + 1:start + 1 + k]), session=sid, held=held + start - k,
+                                         pending=[truth[start]], prefix=wire.prefix_digest(list(truth[:start]))))
+        start += k + 1
+    return blocks
+
+
+def decode_ahead(args: argparse.Namespace, server: Server, clip: wire.Clip, truth: list[int]) -> dict[str, int]:
+    """One session's blocks at `--depth` in flight, each on a `--depth` thread's own connection;
+    the opening block (the clip, under an id chosen here) answered first, or (`--lazy-open`) in the
+    pipeline too, as the client's lazy upload sends it: then a block may reach the server while
+    its session is being opened (404 unknown_session before issue 55, sent again in turn too)."""
+    import secrets
+
+    sid = secrets.token_urlsafe(16)
+    opening = wire.VerifyRequest(list(truth[:args.k]), session=sid, clip=clip,
+                                 config=settings(max_new_tokens=wire.MAX_NEW_TOKENS))
+    blocks = ahead_blocks(truth, sid, len(clip.prompt_ids) + args.k, args.k)
+    local = threading.local()
+
+    def send(request: wire.VerifyRequest) -> str:
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(base_url=server.url, timeout=args.limit)
+            made.append(local.http)
+        r = local.http.post("/v1/verify", content=wire.encode(request), headers=auth(0))
+        return r.json()["code"] if r.status_code in (404, 409) else str(r.status_code)
+    made: list[httpx.Client] = []
+    if args.lazy_open:
+        blocks.insert(0, opening)
+    else:
+        assert send(opening) == "200"
+    got = {"blocks": len(blocks), "sent": 0}
+    in_flight: list[tuple[int, concurrent.futures.Future]] = []
+    with concurrent.futures.ThreadPoolExecutor(args.depth) as pool:
+        sent = 0
+        while sent < len(blocks) or in_flight:
+            while sent < len(blocks) and len(in_flight) < args.depth:
+                in_flight.append((sent, pool.submit(send, blocks[sent])))
+                sent += 1
+            i, future = in_flight.pop(0)
+            status = future.result()
+            got["sent"] += 1
+            while status in ("out_of_sync", "unknown_session"):  # in turn now: the blocks before it are answered
+                got[status] = got.get(status, 0) + 1
+                status = pool.submit(send, blocks[i]).result()
+                got["sent"] += 1
+            got[status] = got.get(status, 0) + 1
+    for client in made:
+        client.close()
+    httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=auth(0), timeout=args.limit)
+    return got
+
+
+def run_ahead(args: argparse.Namespace, server: Server, clips: Clips, out: dict) -> None:
+    from specdec_cli.describe import Describer
+
+    audio = clips.audio(args.small_seconds)
+    truth = Describer(clips.pair).run(audio, DecodingConfig(mode="cloud", max_new_tokens=wire.MAX_NEW_TOKENS)).result.tokens
+    clip = clips.clip(args.small_seconds)
+
+    def rounds(_: int) -> dict[str, int]:
+        got: dict[str, int] = {}
+        for _ in range(args.rounds):
+            for key, value in decode_ahead(args, server, clip, truth).items():
+                got[key] = got.get(key, 0) + value
+        return got
+    with concurrent.futures.ThreadPoolExecutor(args.sessions) as pool:
+        runs = list(pool.map(rounds, range(args.sessions)))
+    totals: dict[str, int] = {}
+    for run in runs:
+        for key, value in run.items():
+            totals[key] = totals.get(key, 0) + value
+    out["answer_tokens"] = len(truth)
+    out["per_session"] = runs
+    out["totals"] = totals
+    out["out_of_sync_per_block"] = round(totals.get("out_of_sync", 0) / totals["blocks"], 3)
+    out["refused_per_block"] = round((totals["sent"] - totals["blocks"]) / totals["blocks"], 3)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        text = http.get("/metrics", headers=auth(0)).text
+    out["held"] = {line.split("{", 1)[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+                   for line in text.splitlines() if line.startswith("specdec_verifications_held_total{")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy", "race", "refused", "metrics"])
+    parser.add_argument("run", choices=["abandon", "flood", "slow", "lazy", "race", "refused", "metrics", "ahead"])
     parser.add_argument("--server-path", help="run the server from this checkout (PYTHONPATH)")
     parser.add_argument("--count", type=int, help="A's requests (abandon: 120, flood: 100, slow: 185; "
                         "lazy: A's connections, 24)")
@@ -594,6 +698,11 @@ def main() -> None:
     parser.add_argument("--ids", type=int, default=1 << 20, help="refused: ids in A's list")
     parser.add_argument("--pipeline", type=int, default=1, help="refused: A's requests sent before their answers")
     parser.add_argument("--series", type=int, default=4096, help="metrics: A's per-session series in /metrics")
+    parser.add_argument("--sessions", type=int, default=1, help="ahead: A's sessions at once")
+    parser.add_argument("--depth", type=int, default=4, help="ahead: verifications of a session in flight")
+    parser.add_argument("--rounds", type=int, default=10, help="ahead: clips each session slot decodes in turn")
+    parser.add_argument("--lazy-open", action="store_true", help="ahead: the opening block in the pipeline too")
+    parser.add_argument("--k", type=int, default=4, help="ahead: draft tokens a block")
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -601,7 +710,7 @@ def main() -> None:
     args.serve_flags = argv[cut + 1:]  # extra `specdec serve` flags
     if args.count is None:
         args.count = {"abandon": 120, "flood": 100, "slow": 185, "lazy": 24, "race": 2, "refused": 4,
-                      "metrics": 2}[args.run]
+                      "metrics": 2, "ahead": 0}[args.run]
 
     clips = Clips()
     folder = Path(tempfile.mkdtemp())
@@ -621,7 +730,7 @@ def main() -> None:
     try:
         out["start_line"] = server.lines[-1].strip()
         {"abandon": run_abandon, "flood": run_flood, "slow": run_slow, "lazy": run_lazy, "race": run_race,
-         "refused": run_refused, "metrics": run_metrics}[args.run](args, server, clips, out)
+         "refused": run_refused, "metrics": run_metrics, "ahead": run_ahead}[args.run](args, server, clips, out)
         server.stop()
     finally:
         server.kill()

@@ -11,6 +11,7 @@ hand.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import socket
 import threading
 import time
@@ -366,6 +367,57 @@ def test_refused_requests_are_paced_per_token_and_without_a_token(tmp_path):
         assert set(statuses) <= {"404" if name == "token" else "401", "429"}, counts
     assert b_refused == [404] * 10 and b_health == 200
     assert paced >= 2
+
+
+def status_of(port: int, request: bytes) -> int:
+    """One request on a connection of its own: the status of its answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(request)
+        head = b""
+        while b"\r\n" not in head:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return 0
+            head += chunk
+    return int(head.split(b" ", 2)[1])
+
+
+@pytest.mark.spawns
+def test_a_tokenless_flood_of_health_is_limited_and_a_token_holder_is_answered(tmp_path):
+    """Issue 55, finding 6: GET /health without a token took B to 42 %. Requests without a valid
+    token share one limit (gate.ANONYMOUS): at --max-refusals-per-s 0.2 (a burst of 1), of 40 sent
+    at once on 40 connections the first 2 are answered 401, the next gate.ANONYMOUS_WAITING (16)
+    wait (5 s: the rate's 2 events less the burst's 1, over 0.2 a second) and are then answered
+    401, and the other 22 are answered 429 at once. Meanwhile a token holder's /health and its
+    refused verification are answered (200, 404), none held: the strangers' limit is not the
+    token's."""
+    from specdec_cli.remote import gate
+
+    (tmp_path / "tokens").write_text("\n".join(TOKENS) + "\n")
+    n = 40
+    anonymous = raw_request("GET", "/health", None)
+    tiny = msgspec.msgpack.encode({"draft": [5], "session": "u" * 22, "held": 1, "pending": [5]})
+    with Server("--token-file", str(tmp_path / "tokens"), "--max-refusals-per-s", "0.2",
+                log=tmp_path / "serve.log") as server:
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            flood = [pool.submit(status_of, server.port, anonymous) for _ in range(n)]
+            at_once = n - gate.ANONYMOUS_WAITING
+            answered = []
+            for future in concurrent.futures.as_completed(flood):  # the ones not held
+                answered.append(future.result())
+                if len(answered) == at_once:
+                    break
+            with httpx.Client(base_url=server.url, timeout=120) as http:
+                b_health = http.get("/health", headers=auth(1)).status_code
+                b_refused = http.post("/v1/verify", content=tiny, headers=auth(1)).status_code
+            held = [future for future in flood if not future.done()]
+            statuses = [future.result() for future in flood]
+        paced = metric(server, "specdec_paced_requests")
+    assert sorted(answered) == [401] * 2 + [429] * (at_once - 2), answered
+    assert (b_health, b_refused) == (200, 404)
+    assert len(held) == gate.ANONYMOUS_WAITING  # (still waiting when B was answered)
+    assert sorted(statuses) == [401] * (2 + gate.ANONYMOUS_WAITING) + [429] * (at_once - 2)
+    assert paced == gate.ANONYMOUS_WAITING
 
 
 # The server's /metrics with every per-session series it keeps (4,096), all of token A's: opening

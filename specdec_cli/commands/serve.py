@@ -76,6 +76,9 @@ def serve(
                                                       "have (twice that at once); beyond it its next requests wait "
                                                       "before they are read. Requests without a valid token share "
                                                       "one such limit (0: no limit).")] = 10.0,
+    hold_ahead_ms: Annotated[float, typer.Option(min=0, help="Milliseconds a verification sent ahead that arrives "
+                                                 "before the verdict it assumes waits for it; then it is refused as "
+                                                 "out of sync (0: at once).")] = 2000.0,
 ) -> None:
     """Host the cloud model for edges that run `specdec … --cloud http://HOST:PORT` (limits: docs/security.md)."""
     from ..models import demo_pair
@@ -99,7 +102,7 @@ def serve(
     options = server.ServeOptions(max_sessions, session_ttl, tokens, batch_window_ms, max_batch, max_sessions_per_token,
                                   max_connections, header_timeout, body_timeout, keep_alive_timeout,
                                   max_generate_batch, max_requests_per_token, max_waiting_per_token, prep_slots,
-                                  fair_hold_ms, max_refusals_per_s)
+                                  fair_hold_ms, max_refusals_per_s, hold_ahead_ms)
     if fleet is not None:  # each replica loads the model; this process only deploys them
         from ..scale import serve_fleet
 

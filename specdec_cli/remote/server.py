@@ -84,7 +84,7 @@ from .. import __version__
 from ..errors import InputError
 from . import access_log, fairness, gate, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
-from .sessions import CloudSession, MemoryReturn, Sessions
+from .sessions import MAX_AHEAD, CloudSession, MemoryReturn, Sessions
 
 SESSION_ID = re.compile(wire.SESSION_ID_PATTERN)
 
@@ -103,6 +103,7 @@ FAIR_HOLD_MS = 20.0       # how long the model waits for a lighter token's next 
 FAIR_CREDIT_S = 0.5       # model time a token may stay behind the least served active one (fairness.Turns.lift)
 METRICS_EVERY_S = 1.0     # /metrics is rendered at most this often for each token's view (Rendered)
 MAX_REFUSALS_PER_S = 10.0  # refused requests a second per token before its next ones wait (gate.py; burst: twice)
+HOLD_AHEAD_MS = 2000.0    # how long a verification that came before the verdict it assumes waits for it (held_back)
 
 
 # -- what the server hosts --------------------------------------------------------------------------
@@ -208,6 +209,12 @@ class Metrics:
         self.verifications = Counter("specdec_verifications", "Drafts verified", registry=r)
         self.out_of_sync = Counter("specdec_verifications_out_of_sync", "Verifications refused before any forward: "
                                    "the prefix they assume is not the session's (409 out_of_sync)", registry=r)
+        self.held = Counter("specdec_verifications_held", "Verifications that came before the verdict they assume "
+                            "and waited for it, by how the wait ended: in_turn (the session reached the prefix "
+                            "they assume), broke (it cannot any more), late (--hold-ahead-ms passed)", ["end"],
+                            registry=r)
+        self.ahead = Gauge("specdec_verifications_ahead", "Verifications waiting now for the verdict they assume "
+                           "(or for their session's open)", registry=r)
         self.generations = Counter("specdec_generations", "Cloud-only descriptions", registry=r)
         self.tokens = Counter("specdec_tokens_scored", "Tokens run through the model (prompts included)",
                               registry=r)
@@ -333,6 +340,7 @@ class ServeOptions:
     prep_slots: int = PREP_SLOTS               # clips decoded at once
     fair_hold_ms: float = FAIR_HOLD_MS         # a free model turn kept for a lighter owner's next request; 0: never
     max_refusals_per_s: float = MAX_REFUSALS_PER_S  # per token (and for all requests without one); 0: no limit
+    hold_ahead_ms: float = HOLD_AHEAD_MS       # a verification ahead of its session waits this long; 0: refused at once
 
     @property
     def per_token(self) -> int:
@@ -566,6 +574,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         return await in_shared_worker(lambda: batching.verify_batch(hosted.model, jobs, batch_failed),
                                       [job.owner for job in jobs], lambda: [(job.owner, job.cost) for job in jobs])
 
+    awaiting_open: collections.Counter[str] = collections.Counter()  # verifications waiting for their session's open
     # verify requests in their handler (being read, checked, opened, or verified), per token
     arriving: collections.Counter[int] = collections.Counter()
     batcher = (batching.Batcher(verify_batch, options.batch_window_ms / 1000, options.max_batch,
@@ -687,6 +696,7 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             metrics.cancelled.labels("session").inc()
             memory.soon()
             raise
+        session.length = len(session.cloud)  # (the worker is done with it: read on the loop from now on)
         sessions.add(session)
         metrics.prefilled(sid, owner)  # now (eager) or with its first draft (lazy): one prefill either way
         return session
@@ -735,7 +745,10 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
                 # Protocol 3: one session's verifications run in arrival order, each checked against
                 # the session as the ones before it left it (a client may send the next one before
                 # this verdict).
-                session = sessions.get(req.session, owner, queue=True)
+                session = await opened_by_now(req.session, owner)
+                if req.held > session.length:  # sent ahead, and here before the verdict it assumes
+                    await held_back(session, req)
+                    session = sessions.get(req.session, owner, queue=True)  # still open, still room
                 session.queued += 1
                 try:
                     await session.turn.acquire()
@@ -773,21 +786,76 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             finally:
                 session.busy = False
                 session.last_used = time.monotonic()
-            if verdict.ended:
-                sessions.end(session.id)
             # The token the next verification must start with, where the server drew it (a sampled
             # rejection's token the client draws from the row this answer carries).
             session.owed = verdict.token if verdict.target_row is None and verdict.token >= 0 else None
+            # The blocks waiting ahead: one that assumed this verdict comes next; a draft not kept
+            # whole breaks every one (each assumed it kept whole, as the client drafts ahead).
+            session.wake(len(session.cloud), broke=verdict.accepted < k)
+            if verdict.ended:
+                sessions.end(session.id)
         metrics.verifications.inc()
         metrics.tokens.inc(verdict.fed + verdict.prefilled)
         metrics.latency.observe(time.perf_counter() - started)
         return answer(request, verdict)
 
+    async def opened_by_now(sid: str, owner: int) -> CloudSession:
+        """The session a verification names (Sessions.get); one this token is opening now (the
+        verification carrying its clip is being read or decoded) waited for first, as held_back
+        waits for a verdict, at most MAX_AHEAD per id and --hold-ahead-ms: the client sends its
+        second block before the first one's verdict, and it was refused as an unknown session."""
+        if options.hold_ahead_ms > 0 and sessions.opening(sid, owner) and awaiting_open[sid] < MAX_AHEAD:
+            awaiting_open[sid] += 1
+            metrics.ahead.inc()
+            try:
+                async with asyncio.timeout(options.hold_ahead_ms / 1000):
+                    while sessions.opening(sid, owner):
+                        await sessions.settled.wait()
+            except TimeoutError:
+                pass
+            finally:
+                metrics.ahead.dec()
+                awaiting_open[sid] -= 1
+                if not awaiting_open[sid]:
+                    del awaiting_open[sid]
+        return sessions.get(sid, owner, queue=True)
+
+    async def held_back(session: CloudSession, req: wire.VerifyRequest) -> None:
+        """A verification whose assumed prefix is longer than the session (one sent ahead, on
+        another connection than the block before it, that got here first) waits, in no turn and
+        holding no lock, until the session reaches that length (then it takes its turn and is
+        checked as any other), or can no longer reach it in the chain the block assumes (a verdict
+        that did not keep its whole draft, a block in turn refused, the session dropped), or for
+        --hold-ahead-ms; then it is checked as it stands: refused, unchanged, as before.
+
+        Why (issue 55, finding 5): such blocks were refused at once, and with perfect drafts at
+        depth 4, 21 % (one session) to 59 % (six sessions) of valid blocks came back 409
+        out_of_sync, each a round trip and a resend. At most MAX_AHEAD wait per session (more:
+        checked at once); a block shorter than the session, a duplicate, is never held."""
+        if options.hold_ahead_ms <= 0 or session.ahead >= MAX_AHEAD:
+            return
+        breaks, end = session.breaks, "in_turn"
+        session.ahead += 1
+        metrics.ahead.inc()
+        try:
+            async with asyncio.timeout(options.hold_ahead_ms / 1000):
+                while req.held > session.length and session.breaks == breaks:
+                    await session.moved.wait()
+            if req.held > session.length:
+                end = "broke"
+        except TimeoutError:
+            end = "late"
+        finally:
+            session.ahead -= 1
+            metrics.ahead.dec()
+        metrics.held.labels(end).inc()
+
     def check_assumption(session: CloudSession, req: wire.VerifyRequest) -> None:
         """409 out_of_sync, before any forward and with the session unchanged, unless the request's
         assumed prefix is the session's verified one: its length, the digest of its answer tokens
         (when the request names one: protocol 3's client always does) and the token the last
-        verdict gave at the head of `pending` (where the server drew it)."""
+        verdict gave at the head of `pending` (where the server drew it). A block in turn refused
+        for its tokens breaks the chain the blocks waiting ahead assume (held_back)."""
         held = len(session.cloud)
         unchanged = "nothing was run and the session is unchanged; send it again after the verdicts before it"
         if req.held != held:
@@ -798,10 +866,12 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             return
         if req.prefix != wire.prefix_digest(session.cloud.state.ids[session.prompt_len:held]):
             metrics.out_of_sync.inc()
+            session.wake(broke=True)
             raise ApiError(409, "out_of_sync", f"the session's {held} tokens are not the ones the request assumes "
                                                f"(digest); {unchanged}")
         if session.owed is not None and req.pending[:1] != [session.owed]:
             metrics.out_of_sync.inc()
+            session.wake(broke=True)
             raise ApiError(409, "out_of_sync", "the request does not start with the token the last verdict gave; "
                                                f"{unchanged}")
 

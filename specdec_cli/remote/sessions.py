@@ -41,9 +41,31 @@ class CloudSession:
     owed: int | None = None
     turn: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued: int = 0
+    # Issue 55, finding 5: a verification sent ahead that reached the server before the verdict it
+    # assumes (the client's blocks travel on different connections) waits for it instead of being
+    # refused. `length`: the tokens the session holds as its last verdict left them (the event
+    # loop's copy: while it verifies, its cache is a worker thread's); `moved`: set, and replaced,
+    # whenever that may have changed (`wake`); `breaks`: how often the chain of blocks sent ahead
+    # broke (a verdict that did not keep its whole draft, a block in turn refused as out of sync,
+    # the session dropped), after which no block still waiting can be the next; `ahead`: how many
+    # wait, at most MAX_AHEAD.
+    length: int = 0
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+    breaks: int = 0
+    ahead: int = 0
+
+    def wake(self, length: int | None = None, broke: bool = False) -> None:
+        """Tell the blocks waiting ahead that the session moved (to `length` tokens, if given)."""
+        if length is not None:
+            self.length = length
+        self.breaks += broke
+        moved, self.moved = self.moved, asyncio.Event()
+        moved.set()
 
 
 MAX_QUEUED = 4  # verifications of one session waiting for its turn (beyond that: 409 session_busy)
+MAX_AHEAD = 4   # verifications of one session waiting for the verdict they assume (the client's
+                # deepest pipeline, decoding/block_length.MAX_DEPTH; beyond that refused as before)
 
 
 class Sessions:
@@ -57,6 +79,7 @@ class Sessions:
         self.on_drop = on_drop  # called after a session is dropped (its memory can go back)
         self._open: OrderedDict[str, CloudSession] = OrderedDict()
         self._opening: dict[str, int] = {}  # client-named ids being opened -> the token opening each
+        self.settled = asyncio.Event()  # set, and replaced, when an id being opened is added or released
 
     def __len__(self) -> int:
         return len(self._open)
@@ -112,6 +135,15 @@ class Sessions:
         """The open that claimed `sid` ended without adding its session (refused, failed, abandoned)."""
         if self._opening.get(sid) == owner:
             del self._opening[sid]
+            self._settle()
+
+    def opening(self, sid: str, owner: int) -> bool:
+        """Whether `owner` is opening a session under `sid` now (claimed, not added yet)."""
+        return self._opening.get(sid) == owner
+
+    def _settle(self) -> None:
+        settled, self.settled = self.settled, asyncio.Event()
+        settled.set()
 
     def count_by_token(self) -> dict[int, int]:
         """Open sessions per token."""
@@ -153,8 +185,9 @@ class Sessions:
         assert opening in (None, session.owner), "a session is added under an id another token claimed"
         assert session.id not in self._open or opening is None, "a claimed id is open already"
         self.reserve(session.owner)
-        self._opening.pop(session.id, None)
         self._open[session.id] = session
+        if self._opening.pop(session.id, None) is not None:
+            self._settle()
         self.metrics.sessions.set(len(self._open))
         self.metrics.opened.inc()
 
@@ -183,7 +216,7 @@ class Sessions:
         return True
 
     def _drop(self, sid: str, why: str) -> None:
-        del self._open[sid]
+        self._open.pop(sid).wake(broke=True)  # (the blocks waiting ahead of it: unknown session now)
         self.metrics.sessions.set(len(self._open))
         self.metrics.ended.labels(why).inc()
         if self.on_drop is not None:
