@@ -25,7 +25,7 @@ from specdec_cli.presets import load_presets
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 DEMO_PRESETS = DEMO_DIR / "edge" / PRESETS_FILE
-CLIP = SAMPLES / "f_mid_mid_loud.wav"
+CLIP = SAMPLES / "f_mid_low_noisy.wav"  # frugal sends it up (v5 pair: 3 verifications; f_mid_mid_loud.wav stays home now)
 OTHER_TASK = "请用一句中文描述说话人的情绪。"
 # The bundled presets as written (tomllib): what the decoded events, traces and modes must carry.
 BUNDLED = tomllib.loads(DEMO_PRESETS.read_text(encoding="utf-8"))
@@ -223,6 +223,9 @@ def test_the_live_view_and_the_summary_name_the_meaning_gate(pair):
     view = LiveView(console, pair.tokenizer, pair.settings("frugal"), enabled=False)
     result = pair.describe(CLIP, preset="frugal", on_block=view.on_block)
     last = result.events[-1]
+    # the cloud's own token beside the meaning scores: the meaning row has no cell for it (that
+    # column stays empty; the short row made the view raise IndexError on the v5 pair)
+    assert last.correction is not None and last.meaning is not None and len(last.meaning) == len(last.draft)
     console.print(view.render())
     shown = console.export_text()
     assert f"Σm {last.score:.2f}" in shown and "meaning" in shown and f"Σm > {FRUGAL['gate_upload']:g} / {FRUGAL['gate_verify']:g} (up / held)" in shown

@@ -165,8 +165,10 @@ class LiveView:
         rows = [("draft", tokens), ("H nats", entropies)]
         if event.meaning is not None:
             meaning_budget = token_budget(self.cfg, len(event.draft), event.limit)
+            # one cell per drafted token; the cloud's own token (a correction) has no meaning score,
+            # so its column stays empty (a short row made FoldedTable index past it: IndexError)
             rows.append(("meaning", [Text(f"{m:.2f}", style=entropy_style(m, meaning_budget))
-                                     for m in event.meaning]))
+                                     for m in event.meaning] + [Text("")] * (len(tokens) - len(event.meaning))))
         rows.append(("verdict", verdicts))
         return FoldedTable(rows)
 
