@@ -19,10 +19,11 @@ install: $(VENV)/.installed
 # index: where it cannot be reached, pip goes on with its own index or a local wheel); TORCH=cuda
 # takes PyPI's default build, e.g. `make demo TORCH=cuda` on a machine with an NVIDIA GPU.
 TORCH ?= cpu
-# Only where that index's name resolves: offline (as in this project's CI) pip would otherwise retry it
-# five times for torch and for each of its dependencies before going on (minutes of backoff).
-TORCH_FROM_cpu := $(shell $(PYTHON) -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" \
-	>/dev/null 2>&1 && echo --extra-index-url https://download.pytorch.org/whl/cpu)
+# Only where that index's host name resolves: offline (as in this project's CI) pip would otherwise
+# retry it five times for torch and for each of its dependencies before going on (minutes of backoff).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_FROM_cpu := $(shell $(PYTHON) -c "import socket, sys; socket.getaddrinfo(sys.argv[1], 443)" \
+	$(word 2,$(subst /, ,$(TORCH_CPU_INDEX))) >/dev/null 2>&1 && echo --extra-index-url $(TORCH_CPU_INDEX))
 TORCH_FROM_cuda :=
 # A plain editable install: pyproject.toml's `package-dir` makes it a path entry for the checkout, so
 # a folder named `specdec` in the current directory (a clone, seen from its parent) cannot hide the

@@ -26,7 +26,7 @@ from cloud_relay import Relay
 from fake_cloud import FakeCloud, Reply, consistent_verdict, identity, json_reply, msgpack_reply
 from remote_helpers import ROOT, SPECDEC, Server
 
-CLIP = ROOT / "samples/f_mid_low_noisy.wav"   # four verifications under quality in process (v4 pair)
+CLIP = ROOT / "samples/f_slow_low_quiet.wav"   # three verifications under quality in process (v5 pair)
 OTHERS = [ROOT / "samples/f_fast_high.wav", ROOT / "samples/m_mid_high.wav"]
 
 
@@ -243,7 +243,7 @@ def test_a_cloud_answering_garbage_leaves_the_clip_to_the_edge(pair):
 
 @pytest.mark.spawns
 def test_a_cloud_too_slow_for_the_clips_deadline_leaves_the_rest_to_the_edge(pair):
-    """A real server behind a link that holds every chunk 0.4 s: the four verifications quality
+    """A real server behind a link that holds every chunk 0.4 s: the three verifications quality
     makes of this clip cannot fit in a 1.5 s budget for the whole clip."""
     with Server() as server, Relay(server.port, delay_s=0.4) as slow:
         done = run("describe", CLIP, "--preset", "quality", "--cloud", slow.url, "--json", "--cloud-deadline", "1.5")

@@ -35,6 +35,12 @@ from specdec_cli.decoding import loop
 from specdec_cli.describe import Describer
 from specdec_cli.models import load_pair
 
+# Two clips whose drafts the bundled cloud cuts (v5 pair: 3 and 2 verifications under quality, each
+# with a correction), so a verdict breaks the chain the blocks sent after it assumed and those are
+# refused unrun; the v5 cloud keeps the first samples' drafts whole, and a block that arrives early
+# is held for its verdict (issue 55, finding 5), so on them nothing was refused.
+CORRECTED = [p for p in SAMPLES if p.name in ("f_mid_low_noisy.wav", "f_slow_low_quiet.wav")]
+
 
 class NotYet(Future):
     """A verdict that says it is not done until it is read (the loop sends ahead every time)."""
@@ -241,7 +247,7 @@ def remote_runs(server_url, local, cfgs, paths, depth):
 @pytest.mark.parametrize("depth", [2, 3])
 def test_depth_through_a_server_gives_the_in_process_tokens(server, local, always_ahead, sent_ahead, depth):
     cfgs = [GREEDY["always"], GREEDY["quality"], SAMPLED[0], SAMPLED[2]]
-    sums = remote_runs(server.url, local, cfgs, SAMPLES[:2], depth)
+    sums = remote_runs(server.url, local, cfgs, CORRECTED, depth)
     # Sent ahead: some run and used, some refused unrun (out of sync; or the session not open yet,
     # or ended by the verdict before), none run and wasted: every verification but the refused
     # ones gave a verdict the loop used.
@@ -257,7 +263,7 @@ def test_depth_through_a_reordering_relay_gives_the_in_process_tokens(server, lo
                                                                       depth):
     with Shuffling(server.port, seed=depth) as relay:
         cfgs = [GREEDY["always"], SAMPLED[1]]
-        sums = remote_runs(relay.url, local, cfgs, SAMPLES[:2], depth)
+        sums = remote_runs(relay.url, local, cfgs, CORRECTED, depth)
         assert relay.reordered > 0 and sums["discarded_forwards"] == 0
     assert sent_ahead["verdict"] > 0 and sent_ahead["refused"] > 0, sent_ahead
 
@@ -288,5 +294,5 @@ def test_depth_through_a_relay_that_drops_answers_gives_the_in_process_tokens(se
                 writer.close()
 
     with Dropping(server.port) as relay:
-        sums = remote_runs(relay.url, local, [GREEDY["always"], SAMPLED[0]], SAMPLES[:2], 3)
+        sums = remote_runs(relay.url, local, [GREEDY["always"], SAMPLED[0]], CORRECTED, 3)
     assert dropped and sums["rebuilds"] > 0 and sent_ahead["verdict"] > 0, (dropped, sums, sent_ahead)

@@ -127,8 +127,12 @@ def test_make_installs_the_cpu_build_of_torch_unless_told(tmp_path):
         (line,) = [x for x in done.stdout.splitlines() if "pip install -q torch==" in x]
         return line
 
-    assert torch_line().endswith("torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu")
-    assert torch_line("TORCH=cuda").endswith("torch==2.13.0 ")
+    # the CPU index where its host resolves (localhost always does), none where it cannot (offline:
+    # pip would retry it for every package); TORCH=cuda never
+    assert torch_line("TORCH_CPU_INDEX=http://localhost/whl/cpu").endswith(
+        "torch==2.13.0 --extra-index-url http://localhost/whl/cpu")
+    assert torch_line("TORCH_CPU_INDEX=https://no-such-host.invalid/whl/cpu").endswith("torch==2.13.0 ")
+    assert torch_line("TORCH=cuda", "TORCH_CPU_INDEX=http://localhost/whl/cpu").endswith("torch==2.13.0 ")
 
 
 def shutil_which(name: str) -> str | None:

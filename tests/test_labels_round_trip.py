@@ -85,7 +85,10 @@ def measured(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         assert "volume" not in entries[name]["labels"] and "volume" in entries[name]["ambiguous"], entries[name]
     for name in no_gender:
         assert not {"gender", "pitch", "emotion"} & set(entries[name]["labels"]), entries[name]
-    complete = [n for n in files if n not in quiet and n not in no_gender]
+    # and, by itself, the rate of the telephone sample: through its line the syllables count 14 for
+    # the clean speech's 11 (5.24 a second), which lies in a gap between two bands
+    assert "rate" in entries["f_telephone.wav"]["ambiguous"], entries["f_telephone.wav"]
+    complete = [n for n in files if n not in quiet and n not in no_gender and n != "f_telephone.wav"]
     assert complete and all(len(entries[n]["labels"]) == 6 for n in complete)
     return clips, entries
 

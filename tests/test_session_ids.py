@@ -183,7 +183,7 @@ def test_a_described_clip_carries_one_id_from_its_first_request_and_is_logged(se
     request is one access-log line with no token, no whole id and nothing of the audio."""
     monkeypatch.setenv("SPECDEC_TOKEN", TOKENS[1])
     before = server.log.read_text()
-    clip = SAMPLES[0].with_name("f_mid_low_noisy.wav")  # four verifications under quality (v4 pair)
+    clip = SAMPLES[0].with_name("f_mid_low_noisy.wav")  # two verifications under quality (v5 pair)
     result = CliRunner().invoke(app, ["describe", str(clip), "--cloud", server.url, "--preset", "quality",
                                       "--json"])
     assert result.exit_code == 0, result.output
