@@ -18,15 +18,11 @@ import concurrent.futures
 import time
 
 import httpx
-import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from remote_helpers import ROOT, Server
+from remote_helpers import ROOT, Server, post_verify, verdict, wire_clip
 
-from specdec_cli.audio import load_audio
 from specdec_cli.decoding import DecodingConfig
-from specdec_cli.describe import Describer
-from specdec_cli.models import load_pair
 from specdec_cli.remote import wire
 from specdec_cli.remote.client import config_dict
 from specdec_cli.remote.sessions import MAX_AHEAD
@@ -47,13 +43,7 @@ def server():
 @pytest.fixture(scope="module")
 def clip():
     """(the wire clip, the in-process cloud-only answer's tokens)."""
-    local = Describer(load_pair())
-    audio = load_audio(SAMPLE, 16000, 30.0)
-    prompt = local.pair.processor(audio)["input_ids"][0].tolist()
-    data, codec = wire.encode_audio(audio, 16000)
-    truth = local.run(audio, DecodingConfig(mode="cloud")).result.tokens
-    assert len(truth) >= 3 * (K + 1) + 2  # room for the blocks below
-    return wire.Clip(data, codec, 16000, prompt), truth
+    return wire_clip(SAMPLE, 3 * (K + 1) + 2)  # room for the blocks below
 
 
 def metric(server: Server, name: str, **labels: str) -> float:
@@ -83,13 +73,7 @@ def wait_for(condition, timeout: float = 120.0) -> bool:
 
 def post(server: Server, request: wire.VerifyRequest) -> httpx.Response:
     """One verification on a connection of its own."""
-    return httpx.post(f"{server.url}/v1/verify", content=wire.encode(request), headers={"Content-Type": wire.MSGPACK},
-                      timeout=300)
-
-
-def verdict(response: httpx.Response) -> dict:
-    assert response.status_code == 200, response.text
-    return msgspec.msgpack.decode(response.content)
+    return post_verify(server.url, request, timeout=300)
 
 
 def opened(server: Server, clip) -> tuple[str, int]:

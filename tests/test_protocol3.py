@@ -14,7 +14,8 @@ import msgspec
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from remote_helpers import ROOT, Server
+from remote_helpers import ROOT, Server, verdict, wire_clip
+from remote_helpers import post_verify as post
 
 from specdec_cli.audio import load_audio
 from specdec_cli.decoding import DecodingConfig
@@ -37,28 +38,13 @@ def server():
 @pytest.fixture(scope="module")
 def clip():
     """(the wire clip, the prompt's length, the in-process cloud-only answer's tokens)."""
-    local = Describer(load_pair())
-    audio = load_audio(SAMPLE, 16000, 30.0)
-    prompt = local.pair.processor(audio)["input_ids"][0].tolist()
-    data, codec = wire.encode_audio(audio, 16000)
-    truth = local.run(audio, DecodingConfig(mode="cloud")).result.tokens
-    assert len(truth) >= 3 * (K + 1) + 2  # room for the verdicts below
-    return wire.Clip(data, codec, 16000, prompt), len(prompt), truth
+    message, truth = wire_clip(SAMPLE, 3 * (K + 1) + 2)  # room for the verdicts below
+    return message, len(message.prompt_ids), truth
 
 
 def counters(server: Server) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-
-def post(url: str, request: wire.VerifyRequest) -> httpx.Response:
-    return httpx.post(f"{url}/v1/verify", content=wire.encode(request), headers={"Content-Type": wire.MSGPACK},
-                      timeout=120)
-
-
-def verdict(response: httpx.Response) -> dict:
-    assert response.status_code == 200, response.text
-    return msgspec.msgpack.decode(response.content)
 
 
 def test_a_wrong_assumed_prefix_is_refused_unchanged_and_the_right_one_goes_on(server, clip):
