@@ -84,7 +84,7 @@ from .. import __version__
 from ..errors import InputError
 from . import access_log, fairness, gate, limits, openapi, wire
 from .http_errors import ApiError, CrashGuard, OnceLog, error_response
-from .sessions import MAX_AHEAD, CloudSession, MemoryReturn, Sessions
+from .sessions import MAX_AHEAD, CloudSession, MemoryReturn, Sessions, wait_until
 
 SESSION_ID = re.compile(wire.SESSION_ID_PATTERN)
 
@@ -808,11 +808,8 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
             awaiting_open[sid] += 1
             metrics.ahead.inc()
             try:
-                async with asyncio.timeout(options.hold_ahead_ms / 1000):
-                    while sessions.opening(sid, owner):
-                        await sessions.settled.wait()
-            except TimeoutError:
-                pass
+                await wait_until(lambda: not sessions.opening(sid, owner), lambda: sessions.settled,
+                                 options.hold_ahead_ms / 1000)
             finally:
                 metrics.ahead.dec()
                 awaiting_open[sid] -= 1
@@ -834,21 +831,16 @@ def create_app(hosted: Hosted, options: ServeOptions) -> Starlette:
         checked at once); a block shorter than the session, a duplicate, is never held."""
         if options.hold_ahead_ms <= 0 or session.ahead >= MAX_AHEAD:
             return
-        breaks, end = session.breaks, "in_turn"
+        breaks = session.breaks
         session.ahead += 1
         metrics.ahead.inc()
         try:
-            async with asyncio.timeout(options.hold_ahead_ms / 1000):
-                while req.held > session.length and session.breaks == breaks:
-                    await session.moved.wait()
-            if req.held > session.length:
-                end = "broke"
-        except TimeoutError:
-            end = "late"
+            settled = await wait_until(lambda: req.held <= session.length or session.breaks != breaks,
+                                       lambda: session.moved, options.hold_ahead_ms / 1000)
         finally:
             session.ahead -= 1
             metrics.ahead.dec()
-        metrics.held.labels(end).inc()
+        metrics.held.labels("late" if not settled else "broke" if req.held > session.length else "in_turn").inc()
 
     def check_assumption(session: CloudSession, req: wire.VerifyRequest) -> None:
         """409 out_of_sync, before any forward and with the session unchanged, unless the request's

@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,27 @@ class CloudSession:
         if length is not None:
             self.length = length
         self.breaks += broke
-        moved, self.moved = self.moved, asyncio.Event()
-        moved.set()
+        self.moved = pulse(self.moved)
+
+
+def pulse(event: asyncio.Event) -> asyncio.Event:
+    """Wake whoever waits on `event` and give the next waiters a fresh one. Why not an
+    asyncio.Condition: it is notified only with its lock held, and the notifiers here are plain
+    functions (a verdict's bookkeeping, a session dropped), not coroutines."""
+    event.set()
+    return asyncio.Event()
+
+
+async def wait_until(done: Callable[[], bool], changed: Callable[[], asyncio.Event], seconds: float) -> bool:
+    """Wait, without polling, until `done()` holds, checking again each time the event `changed()`
+    returns is pulsed; False when `seconds` pass first."""
+    try:
+        async with asyncio.timeout(seconds):
+            while not done():
+                await changed().wait()
+        return True
+    except TimeoutError:
+        return False
 
 
 MAX_QUEUED = 4  # verifications of one session waiting for its turn (beyond that: 409 session_busy)
@@ -142,8 +162,7 @@ class Sessions:
         return self._opening.get(sid) == owner
 
     def _settle(self) -> None:
-        settled, self.settled = self.settled, asyncio.Event()
-        settled.set()
+        self.settled = pulse(self.settled)
 
     def count_by_token(self) -> dict[int, int]:
         """Open sessions per token."""
